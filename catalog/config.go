@@ -1,0 +1,269 @@
+package catalog
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/defaultcost"
+)
+
+// Config is the policy configuration file (DYN_ROUTER_POLICY_CONFIG, selection-service.md §18).
+// Every top-level key is optional; unknown keys anywhere are rejected. The policy-class keys
+// (§18.2) are parsed into typed form here and validated by the queueing layer.
+type Config struct {
+	// WorkerSelection is the §18.1 worker_selection section; nil when absent.
+	WorkerSelection *WorkerSelection `json:"worker_selection,omitempty"`
+	// DefaultPolicyFamily is the family used when the policy-class header is missing or unknown.
+	DefaultPolicyFamily string `json:"default_policy_family,omitempty"`
+	// UncachedISLBuckets are the uncached-ISL bucket floors (tokens).
+	UncachedISLBuckets []ISLBucket `json:"uncached_isl_buckets,omitempty"`
+	// PolicyClasses are the root profile's policy classes.
+	PolicyClasses []PolicyClass `json:"policy_classes,omitempty"`
+	// Models maps a model name to a profile that replaces the root profile for that model.
+	Models map[string]Profile `json:"models,omitempty"`
+}
+
+// WorkerSelection is the §18.1 section.
+type WorkerSelection struct {
+	// Default is the instance to use; "" or "default" selects the built-in policy.
+	Default string `json:"default,omitempty"`
+	// Instances are the configured policy instances.
+	Instances []Instance `json:"instances,omitempty"`
+}
+
+// Instance is one configured policy instance.
+type Instance struct {
+	// Name identifies the instance (^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$, unique, not "default").
+	Name string `json:"name"`
+	// Type is a registered provider type name.
+	Type string `json:"type"`
+	// Parameters is the instance's parameter mapping as JSON (absent or null = {}).
+	Parameters json.RawMessage `json:"parameters,omitempty"`
+}
+
+// Profile is a per-model policy-class profile (§18.2 `models.<name>`).
+type Profile struct {
+	DefaultPolicyFamily string        `json:"default_policy_family,omitempty"` // as Config.DefaultPolicyFamily
+	UncachedISLBuckets  []ISLBucket   `json:"uncached_isl_buckets,omitempty"`  // as Config.UncachedISLBuckets
+	PolicyClasses       []PolicyClass `json:"policy_classes,omitempty"`        // as Config.PolicyClasses
+}
+
+// ISLBucket is one uncached-ISL bucket: requests whose uncached ISL is ≥ MinTokens (tokens) and
+// below the next floor fall into Bucket.
+type ISLBucket struct {
+	MinTokens int64  `json:"min_tokens"` // floor in uncached tokens (first 0, strictly increasing)
+	Bucket    string `json:"bucket"`     // bucket name, matched by PolicyClass.CacheBucket
+}
+
+// PolicyClass is one queueing class (§18.2). Pointer fields are nil when unset.
+type PolicyClass struct {
+	Name         string `json:"name"`                    // unique class name (identifier rule)
+	PolicyFamily string `json:"policy_family,omitempty"` // family of a matrix class ("" for an explicit class)
+	CacheBucket  string `json:"cache_bucket,omitempty"`  // bucket of a matrix class ("" for an explicit class)
+	// Quantum is the deficit-round-robin quantum in tokens (required, ≥ 1).
+	Quantum *int64 `json:"quantum,omitempty"`
+	// QueuePolicy is fcfs, lcfs or wspt (default router_queue_policy).
+	QueuePolicy string `json:"queue_policy,omitempty"`
+	// PrefillBusyThreshold is an absolute busy threshold in tokens.
+	PrefillBusyThreshold *float64 `json:"prefill_busy_threshold,omitempty"`
+	// PrefillBusyThresholdFrac is a busy threshold as a multiple of max_num_batched_tokens.
+	PrefillBusyThresholdFrac *float64 `json:"prefill_busy_threshold_frac,omitempty"`
+	// BusyWorkerRatio is the busy-rank fraction in (0, 1] that makes the pool busy.
+	BusyWorkerRatio *float64 `json:"busy_worker_ratio,omitempty"`
+	// RequestQueueLimitPerWorker limits queued requests per schedulable endpoint.
+	RequestQueueLimitPerWorker *int64 `json:"request_queue_limit_per_worker,omitempty"`
+	// RawISLTokenQueueLimitPerWorker limits queued raw ISL tokens per schedulable endpoint.
+	RawISLTokenQueueLimitPerWorker *int64 `json:"raw_isl_token_queue_limit_per_worker,omitempty"`
+	// CachedTokenQueueLimitPerWorker limits queued cached tokens per schedulable endpoint.
+	CachedTokenQueueLimitPerWorker *int64 `json:"cached_token_queue_limit_per_worker,omitempty"`
+}
+
+// nameRule is the identifier rule for instance (and class) names (§18.1).
+var nameRule = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// ValidName reports whether name satisfies ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$.
+func ValidName(name string) bool { return nameRule.MatchString(name) }
+
+// ParseConfig parses and validates the YAML (or JSON) policy configuration. Errors: YAML syntax,
+// duplicate keys, unknown keys, wrong types, and every §18.1 worker_selection rule (see
+// (*WorkerSelection).Validate). Empty input is an empty configuration.
+func ParseConfig(data []byte) (*Config, error) {
+	var c Config
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		return nil, fmt.Errorf("policy config: %w", err)
+	}
+	if c.WorkerSelection != nil {
+		if err := c.WorkerSelection.Validate(); err != nil {
+			return nil, fmt.Errorf("policy config: %w", err)
+		}
+	}
+	return &c, nil
+}
+
+// LoadConfigFile reads and parses the policy configuration at path (DYN_ROUTER_POLICY_CONFIG).
+// Errors name the path.
+func LoadConfigFile(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy config %s: %w", path, err)
+	}
+	c, err := ParseConfig(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Validate checks the §18.1 rules: every instance has a valid, unique name other than "default"
+// and a non-empty type; parameters are a mapping; default names a configured instance or is
+// "default" (or empty). Errors name the offending instance by index and name.
+func (w *WorkerSelection) Validate() error {
+	seen := map[string]int{}
+	for i, in := range w.Instances {
+		where := fmt.Sprintf("worker_selection.instances[%d]", i)
+		switch {
+		case in.Name == DefaultName:
+			return fmt.Errorf("%s: instance name %q is reserved for the built-in policy", where, in.Name)
+		case !ValidName(in.Name):
+			return fmt.Errorf("%s: instance name %q must match %s", where, in.Name, nameRule)
+		}
+		where = fmt.Sprintf("%s (%q)", where, in.Name)
+		if j, dup := seen[in.Name]; dup {
+			return fmt.Errorf("%s: duplicate instance name %q (also worker_selection.instances[%d])", where, in.Name, j)
+		}
+		seen[in.Name] = i
+		if strings.TrimSpace(in.Type) == "" {
+			return fmt.Errorf("%s: type is required", where)
+		}
+		if _, err := policies.NewPolicyParameters(in.Parameters); err != nil {
+			return fmt.Errorf("%s: parameters must be a mapping, got %s", where, shortJSON(in.Parameters))
+		}
+	}
+	if d := w.Default; d != "" && d != DefaultName {
+		if _, ok := seen[d]; !ok {
+			return fmt.Errorf("worker_selection.default %q does not name a configured instance (configured: %s)", d, w.names())
+		}
+	}
+	return nil
+}
+
+func (w *WorkerSelection) names() string {
+	if w == nil || len(w.Instances) == 0 {
+		return "none"
+	}
+	names := make([]string, 0, len(w.Instances))
+	for _, in := range w.Instances {
+		names = append(names, in.Name)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
+func shortJSON(raw json.RawMessage) string {
+	s := string(bytes.TrimSpace(raw))
+	if len(s) > 40 {
+		s = s[:40] + "…"
+	}
+	return s
+}
+
+// OverrideEnv is the environment variable whose value Resolve takes as its override argument.
+const OverrideEnv = "DYN_ROUTER_WORKER_SELECTION_POLICY"
+
+// Resolution is the worker-selection policy to use, produced once at startup by Resolve.
+type Resolution struct {
+	// Name is the selected instance name, or "default" for the built-in policy.
+	Name string
+	// Type is the selected instance's type (dynamo-default-cost-fn for the built-in policy).
+	Type string
+	// Builtin is true when the built-in policy is selected (per-request overrides apply to it).
+	Builtin bool
+	// Source says what selected it: "DYN_ROUTER_WORKER_SELECTION_POLICY", "worker_selection.default"
+	// or "built-in default".
+	Source string
+	// Factory builds one policy instance per partition (call it with worker type "select").
+	Factory policies.PolicyFactory
+	// Instances holds the factory of every configured instance by name; every provider ran once.
+	Instances map[string]policies.PolicyFactory
+}
+
+// Resolve runs the provider of every configured instance once (validating every type and every
+// parameter set, so any mistake stops startup) and selects the policy to use (§18.1):
+// override (the DYN_ROUTER_WORKER_SELECTION_POLICY value, trimmed; empty = unset) wins over
+// worker_selection.default; "default" or nothing selects the built-in policy. cfg may be nil (no
+// configuration file) and reg nil (Builtins()). Errors name the instance, its type and the
+// provider's message, or the unknown override value.
+func Resolve(reg *Registry, cfg *Config, override string) (*Resolution, error) {
+	if reg == nil {
+		reg = Builtins()
+	}
+	var ws *WorkerSelection
+	if cfg != nil && cfg.WorkerSelection != nil {
+		ws = cfg.WorkerSelection
+		if err := ws.Validate(); err != nil {
+			return nil, fmt.Errorf("policy config: %w", err)
+		}
+	}
+	res := &Resolution{Instances: map[string]policies.PolicyFactory{}}
+	types := map[string]string{}
+	if ws != nil {
+		for i, in := range ws.Instances {
+			where := fmt.Sprintf("worker_selection.instances[%d] (name %q, type %q)", i, in.Name, in.Type)
+			provider, ok := reg.Lookup(in.Type)
+			if !ok {
+				return nil, fmt.Errorf("policy config: %s: unknown policy type %q (registered: %s)", where, in.Type, strings.Join(reg.Types(), ", "))
+			}
+			params, err := policies.NewPolicyParameters(in.Parameters)
+			if err != nil {
+				return nil, fmt.Errorf("policy config: %s: %w", where, err)
+			}
+			factory, err := callProvider(provider, params)
+			if err != nil {
+				return nil, fmt.Errorf("policy config: %s: %w", where, err)
+			}
+			if factory == nil {
+				return nil, fmt.Errorf("policy config: %s: provider returned no factory", where)
+			}
+			res.Instances[in.Name] = factory
+			types[in.Name] = in.Type
+		}
+	}
+
+	name, source := DefaultName, "built-in default"
+	if ws != nil && ws.Default != "" {
+		name, source = ws.Default, "worker_selection.default"
+	}
+	if o := strings.TrimSpace(override); o != "" {
+		if o != DefaultName {
+			if _, ok := res.Instances[o]; !ok {
+				return nil, fmt.Errorf("%s=%q does not name a configured worker_selection instance (configured: %s)", OverrideEnv, o, ws.names())
+			}
+		}
+		name, source = o, OverrideEnv
+	}
+	res.Name, res.Source = name, source
+	if name == DefaultName {
+		res.Builtin, res.Type, res.Factory = true, defaultcost.TypeName, defaultcost.Builtin()
+	} else {
+		res.Type, res.Factory = types[name], res.Instances[name]
+	}
+	return res, nil
+}
+
+// callProvider runs a provider, turning a panic into an error so bad input never crashes startup.
+func callProvider(p policies.Provider, params policies.PolicyParameters) (f policies.PolicyFactory, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			f, err = nil, fmt.Errorf("provider panicked: %v", r)
+		}
+	}()
+	return p(params)
+}
