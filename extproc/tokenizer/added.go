@@ -1,0 +1,162 @@
+package tokenizer
+
+import (
+	"sort"
+	"unicode"
+	"unicode/utf8"
+)
+
+// addedToken is one entry of tokenizer.json's added_tokens.
+type addedToken struct {
+	id         uint32
+	content    string
+	special    bool
+	lstrip     bool
+	rstrip     bool
+	singleWord bool
+	normalized bool
+}
+
+// addedMatcher finds added tokens leftmost-longest (the reference uses Aho–Corasick with
+// MatchKind::LeftmostLongest) and applies their lstrip/rstrip/single_word flags exactly as
+// tokenizers' AddedVocabulary::find_matches does (tokenizer.md step 2).
+type addedMatcher struct {
+	byFirst [256][]*addedToken // candidates by first byte, longest first
+	any     bool
+}
+
+func newAddedMatcher(toks []*addedToken, content func(*addedToken) string) *addedMatcher {
+	m := &addedMatcher{}
+	type entry struct {
+		t *addedToken
+		c string
+	}
+	var es []entry
+	for _, t := range toks {
+		c := content(t)
+		if c == "" {
+			continue
+		}
+		es = append(es, entry{t, c})
+	}
+	sort.SliceStable(es, func(i, j int) bool { return len(es[i].c) > len(es[j].c) })
+	for _, e := range es {
+		tok := *e.t
+		tok.content = e.c
+		m.byFirst[e.c[0]] = append(m.byFirst[e.c[0]], &tok)
+		m.any = true
+	}
+	return m
+}
+
+// segment is a piece of the input: either an added token (id >= 0) or text to model-encode.
+type segment struct {
+	start, end int
+	id         int64 // -1 for text
+}
+
+// next returns the leftmost-longest match at or after from as (start, end, token), or a nil
+// token when there is none.
+func (m *addedMatcher) next(s string, from int) (int, int, *addedToken) {
+	for i := from; i < len(s); i++ {
+		cands := m.byFirst[s[i]]
+		if len(cands) == 0 {
+			continue
+		}
+		for _, t := range cands {
+			if len(s)-i >= len(t.content) && s[i:i+len(t.content)] == t.content {
+				return i, i + len(t.content), t
+			}
+		}
+	}
+	return -1, -1, nil
+}
+
+// split appends the segments of s to dst (text segments are never empty). Overlapping spans,
+// produced when rstrip swallows spaces in which the next match starts, are kept as the
+// reference produces them.
+func (m *addedMatcher) split(s string, dst []segment) []segment {
+	if !m.any {
+		if len(s) > 0 {
+			dst = append(dst, segment{0, len(s), -1})
+		}
+		return dst
+	}
+	startOffset := 0
+	for from := 0; from < len(s); {
+		st, en, t := m.next(s, from)
+		if t == nil {
+			break
+		}
+		from = en
+		start, stop := st, en
+		if t.singleWord {
+			startSpace := start == 0 || !endsWithWord(s[:start])
+			stopSpace := stop == len(s) || !startsWithWord(s[stop:])
+			if !startSpace || !stopSpace {
+				continue
+			}
+		}
+		if t.lstrip {
+			ns := spaceLeftmostAtEnd(s[:start])
+			if ns < startOffset {
+				ns = startOffset
+			}
+			start = ns
+		}
+		if t.rstrip {
+			stop += spaceRightmostAtStart(s[stop:])
+		}
+		if startOffset < start {
+			dst = append(dst, segment{startOffset, start, -1})
+		}
+		dst = append(dst, segment{start, stop, int64(t.id)})
+		startOffset = stop
+	}
+	if startOffset < len(s) {
+		dst = append(dst, segment{startOffset, len(s), -1})
+	}
+	return dst
+}
+
+// isWordRune matches the Rust regex crate's Unicode \w.
+func isWordRune(r rune) bool {
+	return unicode.IsLetter(r) || unicode.Is(unicode.M, r) || unicode.Is(unicode.Nd, r) ||
+		unicode.Is(unicode.Pc, r) || r == 0x200C || r == 0x200D
+}
+
+func endsWithWord(s string) bool {
+	r, _ := utf8.DecodeLastRuneInString(s)
+	return len(s) > 0 && isWordRune(r)
+}
+
+func startsWithWord(s string) bool {
+	r, _ := utf8.DecodeRuneInString(s)
+	return len(s) > 0 && isWordRune(r)
+}
+
+// spaceLeftmostAtEnd returns where the trailing whitespace of s starts.
+func spaceLeftmostAtEnd(s string) int {
+	i := len(s)
+	for i > 0 {
+		r, n := utf8.DecodeLastRuneInString(s[:i])
+		if !unicode.IsSpace(r) {
+			break
+		}
+		i -= n
+	}
+	return i
+}
+
+// spaceRightmostAtStart returns the length of the leading whitespace of s.
+func spaceRightmostAtStart(s string) int {
+	i := 0
+	for i < len(s) {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if !unicode.IsSpace(r) {
+			break
+		}
+		i += n
+	}
+	return i
+}

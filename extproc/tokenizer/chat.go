@@ -1,0 +1,471 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"unicode"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// ErrNoChatTemplate is returned by the chat and responses paths when the model directory has no
+// chat template.
+var ErrNoChatTemplate = errors.New("tokenizer has no chat template")
+
+// chatTemplate is one compiled chat template.
+type chatTemplate struct {
+	name  string
+	tmpl  *jinja.Template
+	texts jinja.Value // the prepared template's text pieces (kvepp_text)
+	// openAIContent is vLLM's "openai" content format: the template iterates over message
+	// content, so content is passed as a list of {"type":"text","text":…} parts rather than a
+	// string (vLLM's auto-detection, approximated from the template source).
+	openAIContent bool
+}
+
+// chatConfig is the chat part of tokenizer_config.json.
+type chatConfig struct {
+	templates map[string]*chatTemplate
+	// specialTokens are the special_tokens_map entries transformers passes to the template
+	// (bos_token, eos_token, pad_token, unk_token) when set.
+	specialTokens []struct{ name, value string }
+}
+
+// contentLoopRE finds `{% for x in y.content %}` / `{% for x in y['content'] %}`.
+var contentLoopRE = regexp.MustCompile(`\{%-?\s*for\s+\w+(?:\s*,\s*\w+)?\s+in\s+\w+\s*(?:\.\s*content\b|\[\s*['"]content['"]\s*\])`)
+
+func compileChatTemplate(name, src string) (*chatTemplate, error) {
+	pt := prepareTemplate(src)
+	tmpl, err := jinja.Compile(pt.src)
+	if err != nil {
+		return nil, fmt.Errorf("compile chat template %q: %w", name, err)
+	}
+	return &chatTemplate{name: name, tmpl: tmpl, texts: pt.texts, openAIContent: contentLoopRE.MatchString(src)}, nil
+}
+
+func parseChatConfig(cfgData, jinjaFile []byte) (*chatConfig, error) {
+	var cfg map[string]json.RawMessage
+	if cfgData != nil {
+		if err := json.Unmarshal(cfgData, &cfg); err != nil {
+			return nil, fmt.Errorf("parse tokenizer_config.json: %w", err)
+		}
+	}
+	cc := &chatConfig{templates: map[string]*chatTemplate{}}
+	for _, name := range []string{"bos_token", "eos_token", "pad_token", "unk_token"} {
+		raw, ok := cfg[name]
+		if !ok || isNull(raw) {
+			continue
+		}
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			var obj struct {
+				Content *string `json:"content"`
+			}
+			if err2 := json.Unmarshal(raw, &obj); err2 != nil || obj.Content == nil {
+				return nil, fmt.Errorf("%s: want a string or {\"content\": …}, got %s", name, truncate(string(raw), 80))
+			}
+			s = *obj.Content
+		}
+		cc.specialTokens = append(cc.specialTokens, struct{ name, value string }{name, s})
+	}
+	if jinjaFile != nil {
+		t, err := compileChatTemplate("default", string(jinjaFile))
+		if err != nil {
+			return nil, err
+		}
+		cc.templates["default"] = t
+		return cc, nil
+	}
+	raw, ok := cfg["chat_template"]
+	if !ok || isNull(raw) {
+		return cc, nil
+	}
+	var one string
+	if err := json.Unmarshal(raw, &one); err == nil {
+		t, err := compileChatTemplate("default", one)
+		if err != nil {
+			return nil, err
+		}
+		cc.templates["default"] = t
+		return cc, nil
+	}
+	var list []struct {
+		Name     string `json:"name"`
+		Template string `json:"template"`
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("chat_template: want a string or a list of {name, template}: %w", err)
+	}
+	for _, e := range list {
+		t, err := compileChatTemplate(e.Name, e.Template)
+		if err != nil {
+			return nil, err
+		}
+		cc.templates[e.Name] = t
+	}
+	return cc, nil
+}
+
+// pick chooses the template as transformers does: "tool_use" when tools are given and it exists,
+// else "default", else the only one.
+func (cc *chatConfig) pick(hasTools bool) (*chatTemplate, error) {
+	if hasTools {
+		if t, ok := cc.templates["tool_use"]; ok {
+			return t, nil
+		}
+	}
+	if t, ok := cc.templates["default"]; ok {
+		return t, nil
+	}
+	if len(cc.templates) == 1 {
+		for _, t := range cc.templates {
+			return t, nil
+		}
+	}
+	if len(cc.templates) == 0 {
+		return nil, ErrNoChatTemplate
+	}
+	names := make([]string, 0, len(cc.templates))
+	for n := range cc.templates {
+		names = append(names, n)
+	}
+	return nil, fmt.Errorf("%w: no \"default\" among named templates %q", ErrNoChatTemplate, names)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// chatInput is a chat request reduced to what the template sees.
+type chatInput struct {
+	messages            *jval // array
+	tools               *jval // array or nil
+	addGenerationPrompt bool
+	continueFinal       bool
+	kwargs              *jval // object or nil (chat_template_kwargs)
+}
+
+// render renders the chat template over in as vLLM + transformers do (tokenizer.md "What the
+// engine does"): vLLM's conversation preprocessing, tools as model_dump()s, the special tokens
+// map, chat_template_kwargs merged last, and continue_final_message trimming.
+func (t *Tokenizer) render(in *chatInput) (string, error) {
+	if t.chat == nil {
+		return "", ErrNoChatTemplate
+	}
+	tmpl, err := t.chat.pick(in.tools != nil)
+	if err != nil {
+		return "", err
+	}
+	conv, err := conversation(in.messages, tmpl.openAIContent)
+	if err != nil {
+		return "", err
+	}
+	var tools *jval
+	if in.tools != nil {
+		if tools, err = dumpTools(in.tools); err != nil {
+			return "", err
+		}
+	}
+	vb := &valueBuilder{}
+	data := make(map[string]jinja.Value, 8)
+	for _, st := range t.chat.specialTokens {
+		data[st.name] = jinja.NewString(st.value)
+	}
+	data["tools"] = jinja.None()
+	if tools != nil {
+		data["tools"] = vb.value(tools)
+	}
+	data["documents"] = jinja.None()
+	data["add_generation_prompt"] = jinja.NewBool(in.addGenerationPrompt)
+	if in.kwargs != nil {
+		for i, k := range in.kwargs.keys {
+			switch k {
+			case "messages", "conversation", "chat_template", "tokenize":
+				continue // consumed by vLLM/transformers, never template variables
+			}
+			data[k] = vb.value(in.kwargs.vals[i])
+		}
+	}
+	data["messages"] = vb.value(conv)
+	data[tojsonFilterName] = newToJSONFilter(vb.bigInts)
+	data[textVarName] = tmpl.texts
+	out, err := renderSafely(tmpl.tmpl, data)
+	if err != nil {
+		return "", &RequestError{Msg: "chat template rendering failed", Err: err}
+	}
+	if in.continueFinal {
+		out, err = trimToFinalMessage(out, conv)
+		if err != nil {
+			return "", err
+		}
+	}
+	return out, nil
+}
+
+// renderSafely turns a panic inside the template engine into an error: bad input never panics.
+func renderSafely(tmpl *jinja.Template, data map[string]jinja.Value) (out string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("template engine panic: %v", r)
+		}
+	}()
+	return tmpl.RenderValues(data)
+}
+
+// trimToFinalMessage implements transformers' continue_final_message: cut the rendered chat
+// right after the final message's content so the model continues it.
+func trimToFinalMessage(rendered string, conv *jval) (string, error) {
+	if len(conv.arr) == 0 {
+		return "", &RequestError{Msg: "continue_final_message is set but there are no messages"}
+	}
+	content := conv.arr[len(conv.arr)-1].get("content")
+	var final string
+	switch {
+	case content != nil && content.kind == jString:
+		final = content.s
+	case content != nil && content.kind == jArray:
+		found := false
+		for i := len(content.arr) - 1; i >= 0; i-- {
+			if tx := content.arr[i].get("text"); tx != nil && tx.kind == jString {
+				final, found = tx.s, true
+				break
+			}
+		}
+		if !found {
+			return "", &RequestError{Msg: "continue_final_message is set but we could not find any text to continue in the final message"}
+		}
+	default:
+		return "", &RequestError{Msg: "continue_final_message is set but the final message has no text content"}
+	}
+	stripped := strings.TrimFunc(final, isPySpace)
+	loc := strings.LastIndex(rendered, stripped)
+	if loc < 0 {
+		return "", &RequestError{Msg: "continue_final_message is set but the final message does not appear in the chat after applying the chat template"}
+	}
+	left := strings.TrimLeftFunc(final, isPySpace)
+	if end := loc + len(left); end <= len(rendered) && rendered[loc:end] == final {
+		return rendered[:end], nil
+	}
+	return rendered[:loc+len(stripped)], nil
+}
+
+// isPySpace is Python's str.isspace for one character.
+func isPySpace(r rune) bool {
+	return unicode.IsSpace(r) || (r >= 0x1c && r <= 0x1f)
+}
+
+// textPartTypes are vLLM's text-like content part types and the field holding their text.
+var textPartTypes = map[string]string{
+	"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking",
+}
+
+// conversation converts request messages into vLLM's ConversationMessage list: role, content
+// (parts' texts joined by "\n" in string format; [{"type":"text","text":…}] in openai
+// format), then for assistants tool_calls (arguments parsed into objects; empty lists dropped)
+// and reasoning/reasoning_content, for tools tool_call_id, and name when it is a string.
+func conversation(messages *jval, openAI bool) (*jval, error) {
+	out := &jval{kind: jArray, arr: make([]*jval, 0, len(messages.arr))}
+	for i, m := range messages.arr {
+		if m.kind != jObject {
+			return nil, badRequest("messages[%d] is %s, want an object", i, m.typeName())
+		}
+		role := m.get("role")
+		if role == nil || role.kind != jString {
+			return nil, badRequest("messages[%d].role is %s, want a string", i, role.typeName())
+		}
+		texts, err := contentTexts(m.get("content"), fmt.Sprintf("messages[%d].content", i))
+		if err != nil {
+			return nil, err
+		}
+		msg := newObject()
+		msg.set("role", role)
+		if openAI {
+			parts := &jval{kind: jArray}
+			for _, tx := range texts {
+				p := newObject()
+				p.set("type", jstr("text"))
+				p.set("text", jstr(tx))
+				parts.arr = append(parts.arr, p)
+			}
+			msg.set("content", parts)
+		} else {
+			msg.set("content", jstr(strings.Join(texts, "\n")))
+		}
+		switch role.s {
+		case "assistant":
+			if tc := m.get("tool_calls"); tc != nil && tc.kind != jNull {
+				if tc.kind != jArray {
+					return nil, badRequest("messages[%d].tool_calls is %s, want an array", i, tc.typeName())
+				}
+				if len(tc.arr) > 0 {
+					if err := parseToolArguments(tc, i); err != nil {
+						return nil, err
+					}
+					msg.set("tool_calls", tc)
+				}
+			}
+			reasoning := m.get("reasoning")
+			if !reasoning.truthy() {
+				reasoning = m.get("reasoning_content")
+			}
+			if reasoning != nil && reasoning.kind != jNull {
+				msg.set("reasoning", reasoning)
+				msg.set("reasoning_content", reasoning)
+			}
+		case "tool":
+			if id := m.get("tool_call_id"); id != nil {
+				msg.set("tool_call_id", id)
+			}
+		}
+		if name := m.get("name"); name != nil && name.kind == jString {
+			msg.set("name", name)
+		}
+		out.arr = append(out.arr, msg)
+	}
+	return out, nil
+}
+
+// contentTexts returns the non-empty texts of a message content (string, null or parts).
+func contentTexts(c *jval, where string) ([]string, error) {
+	if c == nil || c.kind == jNull {
+		return nil, nil
+	}
+	switch c.kind {
+	case jString:
+		if c.s == "" {
+			return nil, nil
+		}
+		return []string{c.s}, nil
+	case jArray:
+		var texts []string
+		for k, p := range c.arr {
+			if p.kind == jString {
+				if p.s != "" {
+					texts = append(texts, p.s)
+				}
+				continue
+			}
+			if p.kind != jObject {
+				return nil, badRequest("%s[%d] is %s, want an object", where, k, p.typeName())
+			}
+			typ := p.get("type")
+			field := ""
+			switch {
+			case typ != nil && typ.kind == jString:
+				f, ok := textPartTypes[typ.s]
+				if !ok {
+					return nil, fmt.Errorf("%w: %s[%d] has type %q (only text parts are tokenized locally)", ErrUnsupported, where, k, typ.s)
+				}
+				field = f
+			case typ == nil && p.get("text") != nil:
+				field = "text"
+			default:
+				return nil, badRequest("%s[%d] has no valid type", where, k)
+			}
+			tx := p.get(field)
+			if tx == nil || tx.kind == jNull {
+				continue
+			}
+			if tx.kind != jString {
+				return nil, badRequest("%s[%d].%s is %s, want a string", where, k, field, tx.typeName())
+			}
+			if tx.s != "" {
+				texts = append(texts, tx.s)
+			}
+		}
+		return texts, nil
+	}
+	return nil, badRequest("%s is %s, want a string, null or an array of parts", where, c.typeName())
+}
+
+// parseToolArguments applies vLLM's _postprocess_messages: a tool call's function.arguments
+// string is parsed into an object; falsy arguments become {}.
+func parseToolArguments(calls *jval, msgIndex int) error {
+	for k, call := range calls.arr {
+		if call.kind != jObject {
+			return badRequest("messages[%d].tool_calls[%d] is %s, want an object", msgIndex, k, call.typeName())
+		}
+		fn := call.get("function")
+		if fn == nil || fn.kind != jObject {
+			return badRequest("messages[%d].tool_calls[%d].function is %s, want an object", msgIndex, k, fn.typeName())
+		}
+		args := fn.get("arguments")
+		switch {
+		case !args.truthy():
+			fn.set("arguments", newObject())
+		case args.kind == jObject || args.kind == jArray:
+		case args.kind == jString:
+			parsed, err := decodeOrdered([]byte(args.s))
+			if err != nil {
+				return badRequest("messages[%d].tool_calls[%d].function.arguments is not valid JSON: %v", msgIndex, k, err)
+			}
+			fn.set("arguments", parsed)
+		default:
+			return badRequest("messages[%d].tool_calls[%d].function.arguments is %s, want a JSON string", msgIndex, k, args.typeName())
+		}
+	}
+	return nil
+}
+
+// dumpTools reproduces vLLM's [tool.model_dump() for tool in request.tools]: declared fields
+// first (type, function{name, description, parameters}) with their defaults, then any extra
+// keys in request order.
+func dumpTools(tools *jval) (*jval, error) {
+	out := &jval{kind: jArray}
+	for i, tl := range tools.arr {
+		if tl.kind != jObject {
+			return nil, badRequest("tools[%d] is %s, want an object", i, tl.typeName())
+		}
+		typ := tl.get("type")
+		if typ == nil {
+			typ = jstr("function")
+		} else if typ.kind != jString || typ.s != "function" {
+			return nil, badRequest("tools[%d].type must be \"function\"", i)
+		}
+		fn := tl.get("function")
+		if fn == nil || fn.kind != jObject {
+			return nil, badRequest("tools[%d].function is %s, want an object", i, fn.typeName())
+		}
+		name := fn.get("name")
+		if name == nil || name.kind != jString {
+			return nil, badRequest("tools[%d].function.name is %s, want a string", i, name.typeName())
+		}
+		desc := fn.get("description")
+		if desc == nil {
+			desc = &jval{kind: jNull}
+		} else if desc.kind != jString && desc.kind != jNull {
+			return nil, badRequest("tools[%d].function.description is %s, want a string", i, desc.typeName())
+		}
+		params := fn.get("parameters")
+		if params == nil {
+			params = &jval{kind: jNull}
+		} else if params.kind != jObject && params.kind != jNull {
+			return nil, badRequest("tools[%d].function.parameters is %s, want an object", i, params.typeName())
+		}
+		f := newObject()
+		f.set("name", name)
+		f.set("description", desc)
+		f.set("parameters", params)
+		for k, key := range fn.keys {
+			if key != "name" && key != "description" && key != "parameters" {
+				f.set(key, fn.vals[k])
+			}
+		}
+		t := newObject()
+		t.set("type", typ)
+		t.set("function", f)
+		for k, key := range tl.keys {
+			if key != "type" && key != "function" {
+				t.set(key, tl.vals[k])
+			}
+		}
+		out.arr = append(out.arr, t)
+	}
+	return out, nil
+}

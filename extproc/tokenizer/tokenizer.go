@@ -1,0 +1,414 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"unicode/utf8"
+)
+
+// Tokenizer is a loaded Hugging Face byte-level BPE tokenizer plus its chat template
+// (tokenizer.md). It is immutable after Load except for its internal piece cache and is safe for
+// concurrent use; load it once per model and share it.
+type Tokenizer struct {
+	model     *bpeModel
+	addedRaw  *addedMatcher // added tokens with normalized=false, matched on the raw text
+	addedNorm *addedMatcher // added tokens with normalized=true, matched on normalized text
+	norm      normalizer    // nil when tokenizer.json has none
+	pre       *preTokenizer
+	post      postProcessor
+	cache     *pieceCache
+
+	idToToken map[uint32]string // vocabulary spelling by id (model vocab)
+	addedByID map[uint32]*addedToken
+
+	chat *chatConfig // nil when the model has no chat template
+
+	segPool sync.Pool // *[]segment scratch
+}
+
+type addedTokenJSON struct {
+	ID         uint32 `json:"id"`
+	Content    string `json:"content"`
+	SingleWord bool   `json:"single_word"`
+	Lstrip     bool   `json:"lstrip"`
+	Rstrip     bool   `json:"rstrip"`
+	Normalized *bool  `json:"normalized"`
+	Special    bool   `json:"special"`
+}
+
+type tokenizerJSON struct {
+	AddedTokens   []addedTokenJSON `json:"added_tokens"`
+	Normalizer    json.RawMessage  `json:"normalizer"`
+	PreTokenizer  json.RawMessage  `json:"pre_tokenizer"`
+	PostProcessor json.RawMessage  `json:"post_processor"`
+	Model         struct {
+		Type                    string          `json:"type"`
+		Vocab                   json.RawMessage `json:"vocab"`
+		Merges                  json.RawMessage `json:"merges"`
+		Dropout                 *float64        `json:"dropout"`
+		UnkToken                *string         `json:"unk_token"`
+		ContinuingSubwordPrefix *string         `json:"continuing_subword_prefix"`
+		EndOfWordSuffix         *string         `json:"end_of_word_suffix"`
+		FuseUnk                 bool            `json:"fuse_unk"`
+		ByteFallback            bool            `json:"byte_fallback"`
+		IgnoreMerges            bool            `json:"ignore_merges"`
+	} `json:"model"`
+}
+
+// Load reads dir/tokenizer.json and dir/tokenizer_config.json (plus dir/chat_template.jinja when
+// present, which transformers prefers over the config's chat_template) and builds a Tokenizer
+// (tokenizer.md, epp.md §5.4 `local`). tokenizer_config.json is optional; without a chat
+// template TokenizeChat and TokenizeResponses fail with ErrNoChatTemplate. Errors name the file
+// and wrap ErrUnsupported for layouts other than byte-level BPE (SentencePiece/Metaspace,
+// WordPiece, Unigram, byte fallback).
+func Load(dir string) (*Tokenizer, error) {
+	path := filepath.Join(dir, "tokenizer.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load tokenizer: %w", err)
+	}
+	t, err := parseTokenizerJSON(data)
+	if err != nil {
+		return nil, fmt.Errorf("load tokenizer %s: %w", path, err)
+	}
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	cfgData, err := os.ReadFile(cfgPath)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		cfgData = nil
+	case err != nil:
+		return nil, fmt.Errorf("load tokenizer config: %w", err)
+	}
+	var jinjaFile []byte
+	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
+		jinjaFile = b
+	}
+	if cfgData != nil || jinjaFile != nil {
+		chat, err := parseChatConfig(cfgData, jinjaFile)
+		if err != nil {
+			return nil, fmt.Errorf("load tokenizer config %s: %w", cfgPath, err)
+		}
+		t.chat = chat
+	}
+	return t, nil
+}
+
+func parseTokenizerJSON(data []byte) (*Tokenizer, error) {
+	top, modelRaw, vocab, pairs, err := splitTokenizerJSON(data)
+	if err != nil {
+		return nil, fmt.Errorf("parse tokenizer.json: %w", err)
+	}
+	var tj tokenizerJSON
+	if err := unmarshalSections(top, &tj); err != nil {
+		return nil, fmt.Errorf("parse tokenizer.json: %w", err)
+	}
+	if err := unmarshalSections(modelRaw, &tj.Model); err != nil {
+		return nil, fmt.Errorf("parse tokenizer.json model: %w", err)
+	}
+	if vocab == nil && tj.Model.Vocab != nil && !isNull(tj.Model.Vocab) && tj.Model.Type == "BPE" {
+		return nil, fmt.Errorf("model.vocab: want an object")
+	}
+	m := &tj.Model
+	switch m.Type {
+	case "BPE":
+	case "":
+		if len(pairs) == 0 {
+			return nil, unsupported("model without type or merges")
+		}
+	case "WordPiece", "WordLevel", "Unigram":
+		return nil, unsupported("model type %q (only byte-level BPE is implemented)", m.Type)
+	default:
+		return nil, unsupported("model type %q", m.Type)
+	}
+	if m.ByteFallback {
+		return nil, unsupported("BPE with byte_fallback (SentencePiece layout)")
+	}
+	if m.Dropout != nil && *m.Dropout > 0 {
+		return nil, unsupported("BPE dropout %v", *m.Dropout)
+	}
+	if (m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "") ||
+		(m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "") {
+		return nil, unsupported("BPE continuing_subword_prefix/end_of_word_suffix")
+	}
+	norm, err := parseNormalizer(tj.Normalizer)
+	if err != nil {
+		return nil, err
+	}
+	pre, err := parsePreTokenizer(tj.PreTokenizer)
+	if err != nil {
+		return nil, err
+	}
+	if !pre.byteLevel {
+		return nil, unsupported("pre_tokenizer without ByteLevel (not a byte-level BPE layout)")
+	}
+	t := &Tokenizer{norm: norm, pre: pre, cache: newPieceCache()}
+	if err := t.post.parse(tj.PostProcessor); err != nil {
+		return nil, err
+	}
+
+	bm := &bpeModel{unkID: -1, fuseUnk: m.FuseUnk, ignoreMerges: m.IgnoreMerges, vocab: vocab}
+	if bm.vocab == nil {
+		bm.vocab = map[string]uint32{}
+	}
+	t.idToToken = make(map[uint32]string, len(bm.vocab))
+	for tok, id := range bm.vocab {
+		t.idToToken[id] = tok
+	}
+	for b := 0; b < 256; b++ {
+		bm.byteIDs[b] = -1
+		if id, ok := bm.vocab[string(byteToRune[b])]; ok {
+			bm.byteIDs[b] = int64(id)
+		}
+	}
+	if m.UnkToken != nil {
+		id, ok := bm.vocab[*m.UnkToken]
+		if !ok {
+			return nil, fmt.Errorf("model.unk_token %q is not in the vocabulary", *m.UnkToken)
+		}
+		bm.unkID = int64(id)
+	}
+	bm.merges = make(map[uint64]uint64, len(pairs))
+	for rank, p := range pairs {
+		l, ok1 := bm.vocab[p[0]]
+		r, ok2 := bm.vocab[p[1]]
+		n, ok3 := bm.vocab[p[0]+p[1]]
+		if !ok1 || !ok2 || !ok3 {
+			return nil, fmt.Errorf("model.merges[%d] %q %q: token not in the vocabulary", rank, p[0], p[1])
+		}
+		bm.merges[uint64(l)<<32|uint64(r)] = uint64(rank)<<32 | uint64(n)
+	}
+	t.model = bm
+
+	// Added-token ids are assigned as tokenizers' AddedVocabulary::add_tokens does while
+	// deserializing (the JSON "id" is not authoritative): a content already added or in the
+	// model vocabulary keeps that id, anything else takes the next id after
+	// max(vocabulary size, largest added id).
+	t.addedByID = make(map[uint32]*addedToken, len(tj.AddedTokens))
+	addedIDs := make(map[string]uint32, len(tj.AddedTokens))
+	var rawToks, normToks []*addedToken
+	maxAdded, haveAdded := uint32(0), false
+	vocabLen := uint32(len(bm.vocab))
+	for _, a := range tj.AddedTokens {
+		if a.Content == "" {
+			continue
+		}
+		normalized := !a.Special // tokenizers' default when the flag is absent
+		if a.Normalized != nil {
+			normalized = *a.Normalized
+		}
+		at := &addedToken{content: a.Content, special: a.Special, lstrip: a.Lstrip,
+			rstrip: a.Rstrip, singleWord: a.SingleWord, normalized: normalized}
+		if prev, ok := addedIDs[a.Content]; ok && *t.addedByID[prev] == (addedToken{id: prev, content: at.content,
+			special: at.special, lstrip: at.lstrip, rstrip: at.rstrip, singleWord: at.singleWord, normalized: at.normalized}) {
+			continue // an identical token is ignored
+		}
+		id, ok := addedIDs[a.Content]
+		if !ok {
+			id, ok = bm.vocab[a.Content]
+		}
+		if !ok {
+			switch {
+			case !haveAdded:
+				id = vocabLen
+			case maxAdded >= vocabLen || vocabLen == 0:
+				id = maxAdded + 1
+			default:
+				id = vocabLen
+			}
+		}
+		at.id = id
+		addedIDs[a.Content] = id
+		if !haveAdded || id > maxAdded {
+			maxAdded, haveAdded = id, true
+		}
+		if old, ok := t.addedByID[id]; ok {
+			// The same id re-added: the newer definition replaces the older one.
+			rawToks = removeToken(rawToks, old)
+			normToks = removeToken(normToks, old)
+		}
+		t.addedByID[id] = at
+		if normalized {
+			normToks = append(normToks, at)
+		} else {
+			rawToks = append(rawToks, at)
+		}
+	}
+	t.addedRaw = newAddedMatcher(rawToks, func(a *addedToken) string { return a.content })
+	t.addedNorm = newAddedMatcher(normToks, func(a *addedToken) string {
+		if t.norm != nil {
+			return t.norm.normalize(a.content)
+		}
+		return a.content
+	})
+	return t, nil
+}
+
+func removeToken(list []*addedToken, tok *addedToken) []*addedToken {
+	out := list[:0]
+	for _, x := range list {
+		if x != tok {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// unmarshalSections decodes raw top-level sections into the struct's JSON-tagged fields.
+func unmarshalSections(sections map[string]json.RawMessage, v any) error {
+	if len(sections) == 0 {
+		return nil
+	}
+	buf, err := json.Marshal(sections)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(buf, v)
+}
+
+// Encode returns the token ids of text as Hugging Face tokenizers' Tokenizer.encode does
+// (tokenizer.md steps 2-8): added tokens (special and not) are found in the raw text first, the
+// normalizer runs on each segment between them, then pre-tokenization, byte-level mapping and
+// BPE. addSpecialTokens applies the post-processor (e.g. Llama 3's BOS; none for Qwen3).
+// Invalid UTF-8 bytes are each replaced by U+FFFD first. Never panics.
+func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
+	if t.model == nil {
+		return nil // a zero Tokenizer (not from Load) encodes nothing
+	}
+	if !utf8.ValidString(text) {
+		text = sanitizeUTF8(text)
+	}
+	dst := make([]uint32, 0, len(text)/3+8)
+	if addSpecialTokens {
+		dst = append(dst, t.post.prefix...)
+	}
+	dst = t.appendEncoded(text, dst)
+	if addSpecialTokens {
+		dst = append(dst, t.post.suffix...)
+	}
+	return dst
+}
+
+func sanitizeUTF8(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			b.WriteRune(utf8.RuneError)
+		} else {
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
+}
+
+func (t *Tokenizer) getSegs() *[]segment {
+	if p, ok := t.segPool.Get().(*[]segment); ok {
+		*p = (*p)[:0]
+		return p
+	}
+	s := make([]segment, 0, 16)
+	return &s
+}
+
+func (t *Tokenizer) appendEncoded(text string, dst []uint32) []uint32 {
+	segs := t.getSegs()
+	*segs = t.addedRaw.split(text, *segs)
+	for _, sg := range *segs {
+		if sg.id >= 0 {
+			dst = append(dst, uint32(sg.id))
+			continue
+		}
+		seg := text[sg.start:sg.end]
+		if t.norm != nil {
+			seg = t.norm.normalize(seg)
+		}
+		if !t.addedNorm.any {
+			dst = t.appendWords(seg, dst)
+			continue
+		}
+		inner := t.addedNorm.split(seg, nil)
+		for _, s2 := range inner {
+			if s2.id >= 0 {
+				dst = append(dst, uint32(s2.id))
+			} else {
+				dst = t.appendWords(seg[s2.start:s2.end], dst)
+			}
+		}
+	}
+	t.segPool.Put(segs)
+	return dst
+}
+
+// appendWords pre-tokenizes normalized text and appends the BPE ids of every piece.
+func (t *Tokenizer) appendWords(s string, dst []uint32) []uint32 {
+	if scan := t.pre.fast; scan != nil {
+		for i := 0; i < len(s); {
+			j := scan(s, i)
+			dst = t.appendPiece(s[i:j], dst)
+			i = j
+		}
+		return dst
+	}
+	for _, p := range t.pre.run(s) {
+		dst = t.appendPiece(p, dst)
+	}
+	return dst
+}
+
+func (t *Tokenizer) appendPiece(p string, dst []uint32) []uint32 {
+	if len(p) == 1 {
+		if id := t.model.byteIDs[p[0]]; id >= 0 {
+			return append(dst, uint32(id))
+		}
+	}
+	if len(p) == 0 {
+		return dst
+	}
+	if ids, ok := t.cache.get(p); ok {
+		return append(dst, ids...)
+	}
+	n := len(dst)
+	dst = t.model.encodeWord(p, dst)
+	t.cache.put(p, append([]uint32(nil), dst[n:]...))
+	return dst
+}
+
+// Decode returns the text of ids as the ByteLevel decoder does with skip_special_tokens=false:
+// each token's spelling (added tokens by their content) is mapped back through the byte-level
+// table, or kept as is when it has a rune outside the table; invalid UTF-8 in the result is
+// replaced by U+FFFD. Unknown ids are skipped.
+func (t *Tokenizer) Decode(ids []uint32) string {
+	var buf []byte
+	for _, id := range ids {
+		if a, ok := t.addedByID[id]; ok {
+			buf = unByteLevel(buf, a.content)
+			continue
+		}
+		if tok, ok := t.idToToken[id]; ok {
+			buf = unByteLevel(buf, tok)
+		}
+	}
+	if !utf8.Valid(buf) {
+		return strings.ToValidUTF8(string(buf), "\uFFFD")
+	}
+	return string(buf)
+}
+
+// VocabSize returns the number of distinct token ids (model vocabulary plus added tokens not in
+// it), for validating token-id prompts.
+func (t *Tokenizer) VocabSize() int {
+	n := len(t.idToToken)
+	for id := range t.addedByID {
+		if _, ok := t.idToToken[id]; !ok {
+			n++
+		}
+	}
+	return n
+}
