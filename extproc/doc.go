@@ -1,0 +1,18 @@
+// Package extproc is kvepp's Envoy external processor: an ext_proc v3 gRPC server
+// (envoy.service.ext_proc.v3.ExternalProcessor/Process) that picks a model-server endpoint for
+// every inference request (epp.md §4–§8).
+//
+// One Process stream carries one HTTP request. The server captures the request headers, buffers the
+// body until end of stream (FULL_DUPLEX_STREAMED, the conformance mode; BUFFERED and NONE are also
+// accepted), parses and validates the OpenAI-style body (chat, completions, responses), tokenizes the
+// prompt through a Tokenizers, and books a worker through a Picker. It then answers with one header
+// mutation (x-gateway-destination-endpoint plus envoy.lb dynamic metadata), re-streams the body in
+// chunks of at most 62,000 bytes, echoes the response, marks prefill complete on the first non-empty
+// successful response chunk and frees the booking exactly once when the response ends or the stream
+// closes. Every request-level failure becomes an ImmediateResponse (one status table, epp.md §8);
+// gRPC errors are reserved for protocol violations (unsupported body modes, observability mode).
+//
+// The package also provides Health, the gRPC health service of epp.md §9, and UsageParser, the
+// response usage parser of epp.md §6.4. The Envoy emulator used by tests lives in
+// extproc/extproctest.
+package extproc

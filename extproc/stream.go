@@ -1,0 +1,870 @@
+package extproc
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/google/uuid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvepp/kvepp/picker"
+)
+
+// phase is the per-stream state of epp.md §4.4.
+type phase uint8
+
+const (
+	phaseStart         phase = iota // nothing received
+	phaseHeaders                    // HeadersReceived
+	phaseAccumulating               // body chunks arriving
+	phaseForwarded                  // routing reply sent
+	phaseResponding                 // response headers seen
+	phaseRejected                   // ImmediateResponse sent (terminal; later messages ignored)
+	phaseProtocolError              // gRPC error returned
+)
+
+// removedHeaders are stripped from every forwarded request (epp.md §5.10).
+var removedHeaders = []string{
+	"x-gateway-destination-endpoint-subset",
+	"x-gateway-destination-endpoint-served",
+	"x-gateway-inference-fairness-id",
+	"x-gateway-inference-objective",
+	"x-gateway-model-name-rewrite",
+	"x-prefiller-host-port",
+	"x-worker-instance-id",
+	"x-dynamo-prefill-instance-id",
+	"x-dynamo-prefill-dp-rank",
+}
+
+// requestHeaders are the request headers captured for routing (epp.md §5.1). Repeated keys are
+// joined with ",".
+type requestHeaders struct {
+	method, path, contentType, contentEncoding  string
+	tenant, priority, strictPriority, requestID string
+	sessionID, parentSessionID, policyClass     string
+}
+
+func (h *requestHeaders) capture(m *corev3.HeaderMap) {
+	for _, hv := range m.GetHeaders() {
+		var dst *string
+		switch hv.GetKey() {
+		case ":method":
+			dst = &h.method
+		case ":path":
+			dst = &h.path
+		case "content-type":
+			dst = &h.contentType
+		case "content-encoding":
+			dst = &h.contentEncoding
+		case "x-tenant-id":
+			dst = &h.tenant
+		case "x-dynamo-request-priority":
+			dst = &h.priority
+		case "x-dynamo-strict-priority":
+			dst = &h.strictPriority
+		case "x-dynamo-session-id":
+			dst = &h.sessionID
+		case "x-dynamo-parent-session-id":
+			dst = &h.parentSessionID
+		case "x-dynamo-meta-policy-class":
+			dst = &h.policyClass
+		case "x-request-id":
+			dst = &h.requestID
+		default:
+			continue
+		}
+		v := hv.GetValue()
+		if raw := hv.GetRawValue(); len(raw) > 0 {
+			v = string(raw)
+		}
+		if *dst == "" {
+			*dst = v
+		} else {
+			*dst += "," + v
+		}
+	}
+}
+
+// booking is the reservation owned by a stream, with the exactly-once free guard of epp.md §7.
+type booking struct {
+	id    string
+	state atomic.Int32 // 0 none, 1 live, 2 prefill-complete sent, 3 freed
+}
+
+const (
+	bookingNone int32 = iota
+	bookingLive
+	bookingPrefilled
+	bookingFreed
+)
+
+// stream is one Process call.
+type stream struct {
+	s   *Server
+	ps  extprocv3.ExternalProcessor_ProcessServer
+	ctx context.Context
+
+	first             bool
+	reqMode, respMode filterv3.ProcessingMode_BodySendMode
+	phase             phase
+
+	hdr         requestHeaders
+	generatedID string // x-request-id we generated ("" when the client sent one)
+
+	body     []byte  // request body so far (aliases buf or a received chunk)
+	buf      *[]byte // pooled buffer backing body, when chunks were concatenated
+	eos      bool    // request end of stream seen (body EoS, trailers, header EoS, NONE mode)
+	trailers bool    // the request ended with trailers
+	md       map[string]*structpb.Struct
+	eosAt    time.Time
+
+	reqStream bool // the request body had "stream": true
+	loadOnly  bool
+	dest      string // header value sent
+	primary   string // first entry of dest
+	bk        booking
+
+	respStatus      int
+	respContentType string
+	usage           *UsageParser
+	completed       bool
+	servedChecked   bool
+}
+
+func newStream(s *Server, ps extprocv3.ExternalProcessor_ProcessServer) *stream {
+	return &stream{
+		s: s, ps: ps, ctx: ps.Context(), first: true,
+		reqMode:  filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+	}
+}
+
+// handle dispatches one ProcessingRequest. A non-nil error ends the stream (gRPC error).
+func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
+	if req.GetObservabilityMode() {
+		st.phase = phaseProtocolError
+		return status.Error(codes.FailedPrecondition, "observability_mode is not supported: the endpoint picker must answer every message")
+	}
+	if st.first {
+		st.first = false
+		if pc := req.GetProtocolConfig(); pc != nil {
+			st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+		}
+		switch st.reqMode {
+		case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_NONE:
+		default:
+			st.phase = phaseProtocolError
+			return status.Errorf(codes.FailedPrecondition,
+				"request body mode %s is not supported: use FULL_DUPLEX_STREAMED (or BUFFERED / NONE)", st.reqMode)
+		}
+	}
+	switch r := req.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		st.noteRequestMetadata(req)
+		return st.onRequestHeaders(r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		st.noteRequestMetadata(req)
+		return st.onRequestBody(r.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		st.noteRequestMetadata(req)
+		return st.onRequestTrailers()
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		st.noteResponseMetadata(req)
+		return st.onResponseHeaders(r.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		st.noteResponseMetadata(req)
+		return st.onResponseBody(r.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		st.noteResponseMetadata(req)
+		return st.onResponseTrailers()
+	}
+	return nil
+}
+
+// noteRequestMetadata keeps the last request-phase filter metadata seen before routing (epp.md §5.1).
+func (st *stream) noteRequestMetadata(req *extprocv3.ProcessingRequest) {
+	if st.eos {
+		return
+	}
+	if fm := req.GetMetadataContext().GetFilterMetadata(); fm != nil {
+		st.md = fm
+	}
+}
+
+// noteResponseMetadata compares the served endpoint with the primary once (epp.md §6.3). Moving the
+// booking to the served worker is not implemented: a difference is logged and counted.
+func (st *stream) noteResponseMetadata(req *extprocv3.ProcessingRequest) {
+	if st.servedChecked || st.primary == "" {
+		return
+	}
+	ns := req.GetMetadataContext().GetFilterMetadata()[LBMetadataNamespace]
+	v, ok := ns.GetFields()[ServedEndpointKey]
+	if !ok {
+		return
+	}
+	st.servedChecked = true
+	served := strings.TrimSpace(v.GetStringValue())
+	if first, _, _ := strings.Cut(served, ","); served != "" && hintHost(first) != "" {
+		if normalizeEndpoint(first) != normalizeEndpoint(st.primary) {
+			st.s.metrics.servedEndpointMismatch.Add(1)
+			st.s.log.Warn().Str("request_id", st.requestID()).Str("primary", st.primary).Str("served", served).
+				Msg("served endpoint differs from the primary; booking kept on the primary")
+		}
+	}
+}
+
+func normalizeEndpoint(hp string) string {
+	hp = strings.TrimSpace(hp)
+	host, port, err := splitHostPort(hp)
+	if err != nil {
+		return normalizeHost(hp)
+	}
+	return normalizeHost(host) + ":" + port
+}
+
+func (st *stream) requestID() string {
+	if st.generatedID != "" {
+		return st.generatedID
+	}
+	return st.hdr.requestID
+}
+
+// ---- request path ----
+
+func (st *stream) onRequestHeaders(h *extprocv3.HttpHeaders) error {
+	if st.phase != phaseStart {
+		st.phase = phaseProtocolError
+		return status.Error(codes.FailedPrecondition, "request_headers received twice on one stream")
+	}
+	st.phase = phaseHeaders
+	st.hdr.capture(h.GetHeaders())
+	if strings.TrimSpace(st.hdr.requestID) == "" {
+		st.generatedID = uuid.NewString()
+	}
+	if h.GetEndOfStream() || st.reqMode == filterv3.ProcessingMode_NONE {
+		// Header-only request (epp.md §4.3) or body mode NONE: load-only pick, immediate reply.
+		st.eos, st.eosAt = true, time.Now()
+		return st.routeAndReply(true)
+	}
+	if st.reqMode == filterv3.ProcessingMode_BUFFERED {
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+			RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}},
+		}})
+	}
+	return nil // FULL_DUPLEX_STREAMED: the header reply is deferred until the body is complete
+}
+
+func (st *stream) onRequestBody(b *extprocv3.HttpBody) error {
+	switch {
+	case st.phase == phaseRejected:
+		return nil // after a 413 (or any rejection) the rest of the request is ignored
+	case st.eos:
+		st.s.metrics.duplicateEOS.Add(1)
+		st.s.log.Debug().Str("request_id", st.requestID()).Int("bytes", len(b.GetBody())).
+			Msg("request_body after end of stream ignored")
+		return nil
+	case st.phase == phaseStart:
+		st.phase = phaseProtocolError
+		return status.Error(codes.FailedPrecondition, "request_body received before request_headers")
+	}
+	st.phase = phaseAccumulating
+	chunk := b.GetBody()
+	if int64(len(st.body))+int64(len(chunk)) > st.s.cfg.MaxRequestBodyBytes {
+		return st.reject(picker.Errorf(KindRequestTooLarge,
+			"request body exceeds %d bytes", st.s.cfg.MaxRequestBodyBytes))
+	}
+	last := b.GetEndOfStream() || st.reqMode == filterv3.ProcessingMode_BUFFERED
+	st.appendBody(chunk, last)
+	if !last {
+		return nil
+	}
+	st.eos, st.eosAt = true, time.Now()
+	return st.routeAndReply(false)
+}
+
+// appendBody adds chunk to the request body. A body that arrives as one final chunk is used in place;
+// otherwise chunks are concatenated in a pooled buffer.
+func (st *stream) appendBody(chunk []byte, last bool) {
+	if len(chunk) == 0 {
+		return
+	}
+	if st.buf == nil {
+		if st.body == nil && last {
+			st.body = chunk
+			return
+		}
+		st.buf = st.s.getBuf()
+		*st.buf = append(*st.buf, st.body...)
+	}
+	*st.buf = append(*st.buf, chunk...)
+	st.body = *st.buf
+}
+
+func (st *stream) onRequestTrailers() error {
+	if st.phase == phaseRejected {
+		return nil
+	}
+	if !st.eos && st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED &&
+		(st.phase == phaseHeaders || st.phase == phaseAccumulating) {
+		st.eos, st.trailers, st.eosAt = true, true, time.Now()
+		return st.routeAndReply(false)
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+		RequestTrailers: &extprocv3.TrailersResponse{},
+	}})
+}
+
+// decision is the outcome of routing a request.
+type decision struct {
+	sel       picker.Selection
+	booked    bool
+	body      []byte // forwarded body
+	rewritten bool
+}
+
+// routeAndReply routes the complete request and sends the routing reply, or an ImmediateResponse.
+// headerOnly is true when no body follows (the reply is the HeadersResponse alone).
+func (st *stream) routeAndReply(headerOnly bool) error {
+	d, err := st.route(headerOnly)
+	if err != nil {
+		if st.ctx.Err() != nil {
+			return status.FromContextError(st.ctx.Err()).Err() // stream gone: nothing to answer
+		}
+		return st.reject(err)
+	}
+	dest, err := destinationValue(&d.sel)
+	if err != nil {
+		return st.reject(&picker.Error{Kind: picker.KindInternal, Message: err.Error(), Err: err})
+	}
+	st.dest = dest
+	st.primary, _, _ = strings.Cut(dest, ",")
+	st.loadOnly = !d.booked
+	if err := st.sendRouting(d, headerOnly); err != nil {
+		return err
+	}
+	st.phase = phaseForwarded
+	st.releaseBody()
+	return nil
+}
+
+// route implements epp.md §5: concurrency cap, readiness, classification, validation, partition,
+// subset hint, tokenization and the pick. On success with booked == true the stream owns the booking.
+func (st *stream) route(headerOnly bool) (decision, error) {
+	m := st.s.metrics
+	if n := st.s.inflight.Add(1); n > int64(st.s.cfg.MaxInflight) {
+		st.s.inflight.Add(-1)
+		return decision{}, picker.Errorf(picker.KindOverloaded,
+			"too many requests in the routing phase (limit %d)", st.s.cfg.MaxInflight)
+	}
+	m.inflightPicks.Add(1)
+	defer func() { st.s.inflight.Add(-1); m.inflightPicks.Add(-1) }()
+
+	if st.s.cfg.Ready != nil && !st.s.cfg.Ready() {
+		return decision{}, picker.Errorf(picker.KindNotReady, "the endpoint picker is not ready")
+	}
+	kind := classify(st.hdr.method, st.hdr.path)
+	enc := strings.ToLower(strings.TrimSpace(st.hdr.contentEncoding))
+	if headerOnly || kind == kindOther || (enc != "" && enc != "identity") {
+		return st.loadOnlyPick(st.peekModel(enc == "" || enc == "identity"))
+	}
+	pb, err := parseBody(st.body)
+	if err != nil {
+		return decision{}, err
+	}
+	st.reqStream = pb.stream
+	src, err := pb.validatePrompt(kind)
+	if err != nil {
+		return decision{}, err
+	}
+	if kind == kindResponses && pb.previousResponseID {
+		return st.loadOnlyPick(st.loadOnlyModel(pb.model))
+	}
+	partition, lora, err := st.resolvePartition(pb)
+	if err != nil {
+		return decision{}, err
+	}
+
+	sess, err := st.session()
+	if err != nil {
+		return decision{}, err
+	}
+	hints := parseNvext(pb.nvext)
+	d := decision{body: st.body}
+	namespace := pb.cacheSalt
+	if tenant := strings.TrimSpace(st.hdr.tenant); tenant != "" {
+		namespace = tenant
+		if kind != kindResponses && !(len(pb.saltValues) == 1 && pb.cacheSalt == tenant) {
+			nb, err := pb.withCacheSalt(st.body, tenant)
+			if err != nil {
+				return decision{}, &picker.Error{Kind: picker.KindInternal, Message: err.Error(), Err: err}
+			}
+			d.body, d.rewritten = nb, true
+		}
+	}
+	allowed, allowedSet, err := st.allowed(partition)
+	if err != nil {
+		return decision{}, err
+	}
+	tokens, err := st.tokenize(kind, partition, d.body, src)
+	if err != nil {
+		return decision{}, err
+	}
+	req := picker.SelectRequest{
+		ModelName:    partition,
+		RoutingGroup: st.s.group,
+		SelectionID:  uuid.NewString(),
+		Prompt: picker.Prompt{
+			TokenIDs:  tokens,
+			LoraName:  lora,
+			CacheSalt: namespace,
+		},
+		ExpectedOutputTokens: hints.osl,
+		PriorityJump:         st.priority(hints),
+		StrictPriority:       st.strictPriority(hints),
+		Session:              sess,
+		AllowedWorkerIDs:     allowed,
+		AllowedSet:           allowedSet,
+		PolicyClass:          st.hdr.policyClass,
+		DoNotQueue:           hints.doNotQueue,
+		Fallbacks:            st.s.cfg.MaxDestinations - 1,
+	}
+	sel, err := st.s.cfg.Picker.SelectAndReserve(st.ctx, req)
+	if err != nil {
+		return decision{}, err
+	}
+	st.own(req.SelectionID)
+	if st.ctx.Err() != nil { // the stream closed while the pick was in flight (epp.md §7)
+		st.free()
+		return decision{}, st.ctx.Err()
+	}
+	m.overlapTokens.Observe(float64(sel.Overlap.LongestMatched))
+	d.sel, d.booked = sel, true
+	return d, nil
+}
+
+// peekModel returns the model a load-only pick uses: the body's model when the body is an
+// identity-encoded JSON object naming a served model, else the configured or single model.
+func (st *stream) peekModel(parse bool) string {
+	if parse && len(st.body) > 0 {
+		if pb, err := parseBody(st.body); err == nil {
+			return st.loadOnlyModel(pb.model)
+		}
+	}
+	return st.loadOnlyModel("")
+}
+
+// loadOnlyModel resolves the partition of a load-only pick without failing: the body model when
+// served, else ModelName, else the only served model, else "" (any model).
+func (st *stream) loadOnlyModel(bodyModel string) string {
+	p := st.s.cfg.Picker
+	if bodyModel != "" && p.HasModel(bodyModel) {
+		return bodyModel
+	}
+	if st.s.cfg.ModelName != "" {
+		return st.s.cfg.ModelName
+	}
+	if ms := p.Models(); len(ms) == 1 {
+		return ms[0]
+	}
+	return ""
+}
+
+// loadOnlyPick is epp.md §5.7: no booking.
+func (st *stream) loadOnlyPick(model string) (decision, error) {
+	allowed, allowedSet, err := st.allowed(model)
+	if err != nil {
+		return decision{}, err
+	}
+	sel, err := st.s.cfg.Picker.LoadOnlyPick(st.ctx, model, allowed, allowedSet)
+	if err != nil {
+		return decision{}, err
+	}
+	return decision{sel: sel, body: st.body}, nil
+}
+
+// resolvePartition implements the partition and LoRA rows of epp.md §5.5.
+func (st *stream) resolvePartition(pb *parsedBody) (partition, lora string, err error) {
+	p := st.s.cfg.Picker
+	if pb.hasModel && p.HasModel(pb.model) {
+		return pb.model, "", nil
+	}
+	if base := st.s.cfg.ModelName; base != "" {
+		if pb.hasModel && pb.model != base {
+			lora = pb.model
+		}
+		return base, lora, nil
+	}
+	if !pb.hasModel {
+		if ms := p.Models(); len(ms) == 1 {
+			return ms[0], "", nil
+		}
+	}
+	return "", "", picker.Errorf(KindModelNotFound, "model %q is not served", pb.model)
+}
+
+// allowed resolves the subset hint (epp.md §5.8) against the workers of model ("" = every served
+// model) into allowed worker ids. No hint → allowedSet false. A hint that matches no worker → 503.
+func (st *stream) allowed(model string) ([]uint64, bool, error) {
+	hosts, present := subsetHint(st.md)
+	if !present {
+		return nil, false, nil
+	}
+	var ids []uint64
+	if len(hosts) > 0 {
+		ids = allowedWorkers(hosts, st.s.cfg.Picker.Workers(model, st.s.group))
+	}
+	if len(ids) == 0 {
+		return nil, true, picker.Errorf(picker.KindNotReady, "the subset hint leaves no candidate worker")
+	}
+	return ids, true, nil
+}
+
+// session builds session_context from the session headers (epp.md §5.5); ids over 256 bytes → 400.
+func (st *stream) session() (*picker.SessionContext, error) {
+	id := strings.TrimSpace(st.hdr.sessionID)
+	if id == "" {
+		return nil, nil
+	}
+	parent := strings.TrimSpace(st.hdr.parentSessionID)
+	if len(id) > MaxSessionIDBytes || len(parent) > MaxSessionIDBytes {
+		return nil, picker.Errorf(picker.KindBadRequest, "session id is longer than %d bytes", MaxSessionIDBytes)
+	}
+	return &picker.SessionContext{SessionID: id, ParentSessionID: parent}, nil
+}
+
+// priority is priority_jump: header x-dynamo-request-priority, else agent_hints.priority, else
+// agent_hints.latency_sensitivity; clamped to ≥ 0; unparseable or non-finite sources are skipped.
+func (st *stream) priority(h agentHints) float64 {
+	if v := strings.TrimSpace(st.hdr.priority); v != "" {
+		if f, err := strconv.ParseFloat(v, 64); err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) {
+			return math.Max(f, 0)
+		}
+	}
+	for _, f := range []*float64{h.priority, h.latencySensitivity} {
+		if f != nil {
+			return math.Max(*f, 0)
+		}
+	}
+	return 0
+}
+
+// strictPriority is header x-dynamo-strict-priority (u32), else agent_hints.strict_priority.
+func (st *stream) strictPriority(h agentHints) uint32 {
+	if v := strings.TrimSpace(st.hdr.strictPriority); v != "" {
+		if u, err := strconv.ParseUint(v, 10, 32); err == nil {
+			return uint32(u)
+		}
+	}
+	if h.strictPriority != nil {
+		return *h.strictPriority
+	}
+	return 0
+}
+
+// tokenize returns the prompt's token ids (epp.md §5.4). Token prompts are used directly.
+func (st *stream) tokenize(kind requestKind, model string, body []byte, src promptSource) (tokens []uint32, err error) {
+	if src.tokens != nil {
+		if len(src.tokens) == 0 {
+			return nil, errEmptyTokens
+		}
+		return src.tokens, nil
+	}
+	t, err := st.s.cfg.Tokenizers.ForModel(model)
+	if err != nil {
+		if picker.KindOf(err) != picker.KindInternal {
+			return nil, err
+		}
+		return nil, &picker.Error{Kind: picker.KindInternal, Message: fmt.Sprintf("no tokenizer for model %q: %v", model, err), Err: err}
+	}
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			tokens, err = nil, picker.Errorf(picker.KindInternal, "tokenizer panicked: %v", r)
+		}
+		st.s.metrics.tokenizeDuration.Observe(time.Since(start).Seconds())
+	}()
+	switch kind {
+	case kindChat:
+		tokens, err = t.TokenizeChat(body)
+	case kindCompletion:
+		tokens, err = t.TokenizeCompletion(body)
+	default:
+		tokens, err = t.TokenizeResponses(body)
+	}
+	if err != nil {
+		k := ClassifyTokenizerError(err)
+		msg := err.Error()
+		if k != picker.KindBadRequest {
+			msg = "tokenizer: " + msg
+		}
+		return nil, &picker.Error{Kind: k, Message: msg, Err: err}
+	}
+	if len(tokens) == 0 {
+		return nil, errEmptyTokens
+	}
+	return tokens, nil
+}
+
+// own records the live booking id.
+func (st *stream) own(id string) {
+	st.bk.id = id
+	st.bk.state.Store(bookingLive)
+	st.s.metrics.activeReservations.Add(1)
+}
+
+// prefillComplete signals prefill completion at most once and never after free (epp.md §7).
+func (st *stream) prefillComplete() {
+	if !st.bk.state.CompareAndSwap(bookingLive, bookingPrefilled) {
+		return
+	}
+	ctx, cancel := st.s.releaseCtx(st.ctx)
+	defer cancel()
+	if err := st.s.cfg.Picker.PrefillComplete(ctx, st.bk.id); err != nil {
+		st.s.log.Debug().Err(err).Str("selection_id", st.bk.id).Msg("prefill_complete failed")
+	}
+}
+
+// free releases the booking exactly once (epp.md §7).
+func (st *stream) free() {
+	for {
+		s := st.bk.state.Load()
+		if s != bookingLive && s != bookingPrefilled {
+			return
+		}
+		if st.bk.state.CompareAndSwap(s, bookingFreed) {
+			break
+		}
+	}
+	st.s.metrics.activeReservations.Add(-1)
+	ctx, cancel := st.s.releaseCtx(st.ctx)
+	defer cancel()
+	if err := st.s.cfg.Picker.Free(ctx, st.bk.id); err != nil {
+		st.s.log.Debug().Err(err).Str("selection_id", st.bk.id).Msg("free failed")
+	}
+}
+
+// releaseBody returns the pooled request buffer.
+func (st *stream) releaseBody() {
+	if st.buf != nil {
+		st.s.putBuf(st.buf)
+		st.buf = nil
+	}
+	st.body = nil
+}
+
+// reject sends the ImmediateResponse for err (epp.md §8), frees any booking and enters phaseRejected.
+func (st *stream) reject(err error) error {
+	st.free()
+	st.releaseBody()
+	resp, code := immediateResponse(err)
+	st.phase = phaseRejected
+	st.s.metrics.countImmediate(code)
+	st.s.log.Debug().Str("request_id", st.requestID()).Int("status", code).Str("path", st.hdr.path).
+		Str("reason", err.Error()).Msg("request rejected")
+	return st.send(resp)
+}
+
+func (st *stream) send(r *extprocv3.ProcessingResponse) error { return st.ps.Send(r) }
+
+// routingMutation builds the header mutation of epp.md §5.9 / §5.10.
+func (st *stream) routingMutation(d *decision) *extprocv3.HeaderMutation {
+	set := make([]*corev3.HeaderValueOption, 0, 6)
+	set = append(set,
+		setHeader(DestinationHeader, st.dest),
+		setHeader("x-dynamo-worker-instance-id", strconv.FormatUint(d.sel.WorkerID, 10)),
+		setHeader("x-dynamo-dp-rank", strconv.FormatUint(uint64(d.sel.DPRank), 10)),
+		setHeader("x-dynamo-routing-mode", "aggregated"),
+	)
+	if st.generatedID != "" {
+		set = append(set, setHeader("x-request-id", st.generatedID))
+	}
+	if d.rewritten {
+		set = append(set, setHeader("content-length", strconv.Itoa(len(d.body))))
+	}
+	return &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: removedHeaders}
+}
+
+// sendRouting sends the routing reply for the request's body mode (epp.md §4.1, §4.2, §4.3).
+func (st *stream) sendRouting(d decision, headerOnly bool) error {
+	common := &extprocv3.CommonResponse{HeaderMutation: st.routingMutation(&d), ClearRouteCache: true}
+	md := lbMetadata(st.dest)
+	if !headerOnly && st.reqMode == filterv3.ProcessingMode_BUFFERED {
+		if d.rewritten {
+			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: d.body}}
+		}
+		err := st.send(&extprocv3.ProcessingResponse{
+			Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}},
+			DynamicMetadata: md,
+		})
+		st.s.metrics.pickDuration.Observe(time.Since(st.eosAt).Seconds())
+		return err
+	}
+	if err := st.send(&extprocv3.ProcessingResponse{
+		Response:        &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}},
+		DynamicMetadata: md,
+	}); err != nil {
+		return err
+	}
+	st.s.metrics.pickDuration.Observe(time.Since(st.eosAt).Seconds())
+	if headerOnly {
+		return nil
+	}
+	body := d.body
+	for {
+		n := min(len(body), MaxStreamedChunkBytes)
+		last := n == len(body)
+		if err := st.send(streamedBody(body[:n], last && !st.trailers)); err != nil {
+			return err
+		}
+		body = body[n:]
+		if last {
+			break
+		}
+	}
+	if st.trailers {
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+			RequestTrailers: &extprocv3.TrailersResponse{},
+		}})
+	}
+	return nil
+}
+
+// streamedBody is one request_body reply carrying a streamed_response chunk.
+func streamedBody(b []byte, eos bool) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+		RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
+			BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b, EndOfStream: eos},
+			}},
+		}},
+	}}
+}
+
+// ---- response path ----
+
+func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) error {
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		v := hv.GetValue()
+		if raw := hv.GetRawValue(); len(raw) > 0 {
+			v = string(raw)
+		}
+		switch hv.GetKey() {
+		case ":status":
+			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+				st.respStatus = n
+			}
+		case "status":
+			if st.respStatus == 0 {
+				if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+					st.respStatus = n
+				}
+			}
+		case "content-type":
+			st.respContentType = v
+		}
+	}
+	if st.phase == phaseForwarded {
+		st.phase = phaseResponding
+	}
+	if err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}},
+	}}); err != nil {
+		return err
+	}
+	if st.respMode == filterv3.ProcessingMode_NONE && st.respStatus < 400 {
+		st.prefillComplete()
+	}
+	if h.GetEndOfStream() {
+		st.complete()
+	}
+	return nil
+}
+
+func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
+	chunk := b.GetBody()
+	var reply *extprocv3.BodyResponse
+	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		reply = &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
+			BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: chunk, EndOfStream: b.GetEndOfStream()},
+			}},
+		}}
+	} else {
+		reply = &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}
+	}
+	if err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: reply}}); err != nil {
+		return err
+	}
+	if len(chunk) > 0 {
+		if st.respStatus < 400 {
+			st.prefillComplete()
+		}
+		if !st.completed {
+			if st.usage == nil {
+				st.usage = NewUsageParser(st.respContentType, st.reqStream)
+			}
+			st.usage.Write(chunk)
+		}
+	}
+	if b.GetEndOfStream() {
+		st.complete()
+	}
+	return nil
+}
+
+func (st *stream) onResponseTrailers() error {
+	if err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+		ResponseTrailers: &extprocv3.TrailersResponse{},
+	}}); err != nil {
+		return err
+	}
+	st.complete()
+	return nil
+}
+
+// complete ends the response (epp.md §6.2): free the booking and record usage.
+func (st *stream) complete() {
+	if st.completed {
+		return
+	}
+	st.completed = true
+	st.free()
+	if st.usage != nil {
+		st.s.metrics.addUsage(st.usage.Finish())
+		st.usage = nil
+	}
+}
+
+// finish runs when Process returns: free any booking still held and record the outcome.
+// cleanClose is true when Envoy closed the stream (io.EOF).
+func (st *stream) finish(cleanClose bool) {
+	if cleanClose && !st.completed && st.phase == phaseResponding && st.respMode == filterv3.ProcessingMode_NONE {
+		st.complete() // no body events: the response ends with the stream
+	}
+	st.free()
+	st.releaseBody()
+	var o Outcome
+	switch {
+	case st.phase == phaseRejected || st.phase == phaseProtocolError:
+		o = OutcomeRejected
+	case st.loadOnly && (st.phase == phaseForwarded || st.phase == phaseResponding):
+		o = OutcomeLoadOnly
+	case st.completed && st.respStatus >= 400:
+		o = OutcomeError
+	case st.completed:
+		o = OutcomeSuccess
+	default:
+		o = OutcomeCancelled
+	}
+	st.s.metrics.requests[o].Add(1)
+}

@@ -1,0 +1,282 @@
+package extproc
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// MaxUsageBufferBytes bounds the usage parser's memory (epp.md §6.4): the SSE carry buffer (a partial
+// line plus the current event) and the prefix of a non-streaming body kept for parsing. An oversize
+// SSE event is discarded; a non-streaming body longer than this is not parsed.
+const MaxUsageBufferBytes = 1 << 20
+
+// Usage is the token usage reported by a response (epp.md §6.4). Each field is nil when no event
+// carried a valid value for it: a JSON number with an integral value ≥ 0. Counts are tokens.
+type Usage struct {
+	PromptTokens       *uint64 // usage.prompt_tokens (chat / completions)
+	CompletionTokens   *uint64 // usage.completion_tokens
+	TotalTokens        *uint64 // usage.total_tokens
+	InputTokens        *uint64 // usage.input_tokens (Responses API)
+	OutputTokens       *uint64 // usage.output_tokens (Responses API)
+	PromptCachedTokens *uint64 // usage.prompt_tokens_details.cached_tokens
+	InputCachedTokens  *uint64 // usage.input_tokens_details.cached_tokens
+}
+
+// Prompt returns the prompt tokens (prompt_tokens, else input_tokens) and whether either was seen.
+func (u Usage) Prompt() (uint64, bool) { return first(u.PromptTokens, u.InputTokens) }
+
+// Completion returns the generated tokens (completion_tokens, else output_tokens) and whether either
+// was seen.
+func (u Usage) Completion() (uint64, bool) { return first(u.CompletionTokens, u.OutputTokens) }
+
+// Cached returns the cached prompt tokens (prompt_tokens_details.cached_tokens, else
+// input_tokens_details.cached_tokens) and whether either was seen.
+func (u Usage) Cached() (uint64, bool) { return first(u.PromptCachedTokens, u.InputCachedTokens) }
+
+func first(a, b *uint64) (uint64, bool) {
+	if a != nil {
+		return *a, true
+	}
+	if b != nil {
+		return *b, true
+	}
+	return 0, false
+}
+
+// UsageParser extracts Usage from a response body fed chunk by chunk (epp.md §6.4). Streaming
+// (Server-Sent Events) is assumed when the response content-type contains text/event-stream, the
+// request had "stream": true, or the first non-whitespace body bytes are "data:". SSE events and
+// lines split across chunks at any byte parse exactly as if unsplit. Parsing never fails: malformed
+// events are skipped. A UsageParser is not safe for concurrent use; the zero value is not usable,
+// use NewUsageParser.
+type UsageParser struct {
+	decided, streaming bool
+	pending            []byte // bytes seen before the streaming decision (leading whitespace, "dat")
+
+	carry     []byte // partial SSE line
+	carryOver bool   // the partial line exceeded the cap: drop it and its event
+	event     []byte // data of the current SSE event
+	hasData   bool
+	discard   bool // the current event exceeded the cap
+
+	body     []byte // non-streaming: the first MaxUsageBufferBytes of the body
+	bodyOver bool
+
+	usage Usage
+}
+
+// NewUsageParser returns a parser for a response with the given content-type; requestStream is
+// true when the request body had "stream": true.
+func NewUsageParser(contentType string, requestStream bool) *UsageParser {
+	p := &UsageParser{}
+	if requestStream || strings.Contains(strings.ToLower(contentType), "text/event-stream") {
+		p.decided, p.streaming = true, true
+	}
+	return p
+}
+
+// Write feeds the next response body chunk. It never fails and keeps no reference to chunk.
+func (p *UsageParser) Write(chunk []byte) {
+	if len(chunk) == 0 {
+		return
+	}
+	if !p.decided {
+		p.pending = append(p.pending, chunk...)
+		rest := bytes.TrimLeft(p.pending, " \t\r\n")
+		switch {
+		case len(rest) == 0:
+			return
+		case len(rest) < 5 && bytes.HasPrefix([]byte("data:"), rest):
+			return // could still become "data:"
+		}
+		p.decided, p.streaming = true, bytes.HasPrefix(rest, []byte("data:"))
+		chunk, p.pending = p.pending, nil
+	}
+	if p.streaming {
+		p.feedSSE(chunk)
+		return
+	}
+	if p.bodyOver {
+		return
+	}
+	if len(p.body)+len(chunk) > MaxUsageBufferBytes {
+		p.bodyOver, p.body = true, nil
+		return
+	}
+	p.body = append(p.body, chunk...)
+}
+
+// Finish flushes a pending event (or parses the buffered non-streaming body) and returns the merged
+// usage. Further Writes after Finish are not supported.
+func (p *UsageParser) Finish() Usage {
+	if !p.decided && len(p.pending) > 0 {
+		p.decided, p.streaming = true, false
+		p.body, p.pending = p.pending, nil
+	}
+	if p.streaming {
+		if len(p.carry) > 0 && !p.carryOver {
+			p.line(p.carry)
+		}
+		p.carry, p.carryOver = p.carry[:0], false
+		p.dispatch()
+	} else if !p.bodyOver && len(p.body) > 0 {
+		p.parseEvent(p.body)
+		p.body = nil
+	}
+	return p.usage
+}
+
+// feedSSE splits b into lines, joining with the carry of the previous chunk.
+func (p *UsageParser) feedSSE(b []byte) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			if p.carryOver || len(p.carry)+len(b) > MaxUsageBufferBytes {
+				p.carry, p.carryOver = p.carry[:0], true
+				return
+			}
+			p.carry = append(p.carry, b...)
+			return
+		}
+		line := b[:i]
+		b = b[i+1:]
+		if p.carryOver {
+			p.carryOver, p.discard = false, true
+			p.carry = p.carry[:0]
+			continue
+		}
+		if len(p.carry) > 0 {
+			if len(p.carry)+len(line) > MaxUsageBufferBytes {
+				p.carry, p.discard = p.carry[:0], true
+				continue
+			}
+			p.carry = append(p.carry, line...)
+			line = p.carry
+		}
+		p.line(line)
+		p.carry = p.carry[:0]
+	}
+}
+
+// line handles one SSE line (without its '\n').
+func (p *UsageParser) line(l []byte) {
+	if n := len(l); n > 0 && l[n-1] == '\r' {
+		l = l[:n-1]
+	}
+	if len(l) == 0 {
+		p.dispatch()
+		return
+	}
+	if !bytes.HasPrefix(l, []byte("data:")) || p.discard {
+		return // event:, id:, retry:, comments
+	}
+	d := l[5:]
+	if len(d) > 0 && d[0] == ' ' {
+		d = d[1:]
+	}
+	if len(p.event)+len(d)+1 > MaxUsageBufferBytes {
+		p.discard, p.event, p.hasData = true, p.event[:0], false
+		return
+	}
+	if p.hasData {
+		p.event = append(p.event, '\n')
+	}
+	p.event = append(p.event, d...)
+	p.hasData = true
+}
+
+// dispatch ends the current event.
+func (p *UsageParser) dispatch() {
+	if p.hasData && !p.discard {
+		p.parseEvent(p.event)
+	}
+	p.event, p.hasData, p.discard = p.event[:0], false, false
+}
+
+var usageKey = []byte(`"usage"`)
+
+// parseEvent merges the usage of one JSON event (or a whole non-streaming body).
+func (p *UsageParser) parseEvent(data []byte) {
+	if !bytes.Contains(data, usageKey) {
+		return // also skips [DONE]
+	}
+	var env struct {
+		Usage    json.RawMessage `json:"usage"`
+		Response json.RawMessage `json:"response"`
+	}
+	if json.Unmarshal(data, &env) != nil {
+		return
+	}
+	p.mergeUsage(env.Usage)
+	if len(env.Response) > 0 && env.Response[0] == '{' {
+		var r struct {
+			Usage json.RawMessage `json:"usage"`
+		}
+		if json.Unmarshal(env.Response, &r) == nil {
+			p.mergeUsage(r.Usage)
+		}
+	}
+}
+
+func (p *UsageParser) mergeUsage(v json.RawMessage) {
+	if len(v) == 0 || v[0] != '{' {
+		return
+	}
+	var u struct {
+		PromptTokens        json.RawMessage `json:"prompt_tokens"`
+		CompletionTokens    json.RawMessage `json:"completion_tokens"`
+		TotalTokens         json.RawMessage `json:"total_tokens"`
+		InputTokens         json.RawMessage `json:"input_tokens"`
+		OutputTokens        json.RawMessage `json:"output_tokens"`
+		PromptTokensDetails json.RawMessage `json:"prompt_tokens_details"`
+		InputTokensDetails  json.RawMessage `json:"input_tokens_details"`
+	}
+	if json.Unmarshal(v, &u) != nil {
+		return
+	}
+	set(&p.usage.PromptTokens, u.PromptTokens)
+	set(&p.usage.CompletionTokens, u.CompletionTokens)
+	set(&p.usage.TotalTokens, u.TotalTokens)
+	set(&p.usage.InputTokens, u.InputTokens)
+	set(&p.usage.OutputTokens, u.OutputTokens)
+	set(&p.usage.PromptCachedTokens, cachedTokens(u.PromptTokensDetails))
+	set(&p.usage.InputCachedTokens, cachedTokens(u.InputTokensDetails))
+}
+
+func cachedTokens(details json.RawMessage) json.RawMessage {
+	if len(details) == 0 || details[0] != '{' {
+		return nil
+	}
+	var d struct {
+		CachedTokens json.RawMessage `json:"cached_tokens"`
+	}
+	if json.Unmarshal(details, &d) != nil {
+		return nil
+	}
+	return d.CachedTokens
+}
+
+// set stores v into *dst when v is a JSON number with an integral value ≥ 0.
+func set(dst **uint64, v json.RawMessage) {
+	if n, ok := tokenCount(v); ok {
+		*dst = &n
+	}
+}
+
+// tokenCount parses a JSON number with an integral, non-negative value.
+func tokenCount(v json.RawMessage) (uint64, bool) {
+	if len(v) == 0 || !(v[0] == '-' || (v[0] >= '0' && v[0] <= '9')) {
+		return 0, false
+	}
+	if n, err := strconv.ParseUint(string(v), 10, 64); err == nil {
+		return n, true
+	}
+	f, err := strconv.ParseFloat(string(v), 64)
+	if err != nil || f < 0 || f != math.Trunc(f) || f >= math.MaxUint64 {
+		return 0, false
+	}
+	return uint64(f), true
+}
