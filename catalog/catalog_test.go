@@ -2,6 +2,7 @@ package catalog_test
 
 import (
 	"errors"
+	"github.com/google/go-cmp/cmp"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -120,6 +121,14 @@ func TestRegistry(t *testing.T) {
 		}
 		if err := catalog.Register(catalog.NewRegistry()); err != nil {
 			t.Fatalf("Register into a new registry: %v", err)
+		}
+	})
+	t.Run("Builtins holds the whole compiled-in catalog of issue 5", func(t *testing.T) {
+		want := []string{"dynamo-default-cost-fn", "least-active-requests", "least-busy", "random",
+			"round-robin", "softmax-sampling", "stacked-load-cache", "subagent-group-affinity",
+			"tool-result-cache-local", "two-tier-cache-aware"}
+		if diff := cmp.Diff(want, catalog.Builtins().Types()); diff != "" {
+			t.Fatalf("Builtins().Types() mismatch (-want +got):\n%s", diff)
 		}
 	})
 }
@@ -289,7 +298,7 @@ func mustParse(t *testing.T, y string) *catalog.Config {
 
 func TestResolve(t *testing.T) {
 	var calls int
-	reg := catalog.Builtins()
+	reg := catalog.NewRegistry()
 	if err := reg.Register("least-busy", leastBusyProvider(&calls)); err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,15 @@ import (
 
 	"github.com/kvepp/kvepp/policies"
 	"github.com/kvepp/kvepp/policies/defaultcost"
+	"github.com/kvepp/kvepp/policies/leastactiverequests"
+	"github.com/kvepp/kvepp/policies/leastbusy"
+	"github.com/kvepp/kvepp/policies/random"
+	"github.com/kvepp/kvepp/policies/roundrobin"
+	"github.com/kvepp/kvepp/policies/softmaxsampling"
+	"github.com/kvepp/kvepp/policies/stackedloadcache"
+	"github.com/kvepp/kvepp/policies/subagentgroupaffinity"
+	"github.com/kvepp/kvepp/policies/toolresultcachelocal"
+	"github.com/kvepp/kvepp/policies/twotiercacheaware"
 )
 
 // DefaultName is the reserved name of the built-in policy: it cannot be registered as a type or
@@ -109,7 +118,17 @@ func Register(r *Registry) error {
 var compiledIn = []struct {
 	typeName string
 	provider policies.Provider
-}{}
+}{
+	{leastbusy.TypeName, leastbusy.Provider},
+	{toolresultcachelocal.TypeName, toolresultcachelocal.Provider},
+	{stackedloadcache.TypeName, stackedloadcache.Provider},
+	{subagentgroupaffinity.TypeName, subagentgroupaffinity.Provider},
+	{softmaxsampling.TypeName, softmaxsampling.Provider},
+	{twotiercacheaware.TypeName, twotiercacheaware.Provider},
+	{roundrobin.TypeName, roundrobin.Provider},
+	{random.TypeName, random.Provider},
+	{leastactiverequests.TypeName, leastactiverequests.Provider},
+}
 
 // Builtins returns a new registry holding every compiled-in policy type (`cmd/epp` passes it to
 // the runner). It panics only if the compiled-in list itself is inconsistent (a duplicate name),

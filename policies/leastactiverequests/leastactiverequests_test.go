@@ -2,6 +2,7 @@ package leastactiverequests_test
 
 import (
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
@@ -95,16 +96,39 @@ func TestLeastActiveRequestsProviderRejectsUnknownParameters(t *testing.T) {
 	}
 }
 
-func TestLeastActiveRequestsIsSelectableByYAML(t *testing.T) {
+func TestTheREADMEExampleSelectsThePolicy(t *testing.T) {
+	res := resolveREADME(t)
+	if _, err := res.Factory(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: "default"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// resolveREADME resolves the README's YAML example through a registry holding this type.
+func resolveREADME(t *testing.T) *catalog.Resolution {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, example, ok := strings.Cut(string(readme), "```yaml\n")
+	if !ok {
+		t.Fatal("README.md has no yaml example")
+	}
+	example, _, _ = strings.Cut(example, "```")
 	reg := catalog.NewRegistry()
 	if err := reg.Register(leastactiverequests.TypeName, leastactiverequests.Provider); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := catalog.ParseConfig([]byte(`worker_selection: {default: lar, instances: [{name: lar, type: least-active-requests}]}`))
+	cfg, err := catalog.ParseConfig([]byte(example))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res, err := catalog.Resolve(reg, cfg, ""); err != nil || res.Type != leastactiverequests.TypeName {
-		t.Fatalf("resolution %+v, %v", res, err)
+	res, err := catalog.Resolve(reg, cfg, "")
+	if err != nil {
+		t.Fatal(err)
 	}
+	if res.Type != leastactiverequests.TypeName || res.Builtin {
+		t.Fatalf("the README example resolves to %+v", res)
+	}
+	return res
 }

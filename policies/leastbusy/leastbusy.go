@@ -4,10 +4,12 @@
 // survivor by its active requests (ActiveRequestsScorer), and pick the lowest cost
 // (LowestCostPicker; exact ties broken uniformly at random with ctx.Rand()).
 //
-// The scorer and the picker are exported so other policies can stack them.
+// The components are exported so other policies can stack them, and BestRow — "best by an
+// explicit order, exact ties uniformly at random" — is shared by the catalog's other pickers.
 package leastbusy
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 
@@ -78,19 +80,28 @@ func (LowestCostPicker) Pick(ctx *policies.WorkerSelectionContext, view *policie
 	if len(rows) == 0 {
 		return 0, policies.Failed("no eligible worker")
 	}
+	return BestRow(ctx, len(rows), func(a, b int) int { return cmp.Compare(rows[a].Cost(), rows[b].Cost()) }), nil
+}
+
+// BestRow returns the row of 0..n-1 that compare orders first (compare(a, b) < 0: a is better),
+// breaking exact ties (compare == 0) uniformly at random with ctx.Rand() by reservoir sampling:
+// the k-th tied row replaces the best with probability 1/k, so the result does not depend on the
+// host's candidate order. ctx.Rand() is used only when a tie occurs. n must be ≥ 1. Pickers with
+// other orders (overlap first, queue length first, …) share it.
+func BestRow(ctx *policies.WorkerSelectionContext, n int, compare func(a, b int) int) int {
 	best, ties := 0, 1
-	for row := 1; row < len(rows); row++ {
-		switch c := rows[row].Cost(); {
-		case c < rows[best].Cost():
+	for row := 1; row < n; row++ {
+		switch c := compare(row, best); {
+		case c < 0:
 			best, ties = row, 1
-		case c == rows[best].Cost():
+		case c == 0:
 			ties++
 			if ctx.Rand().IntN(ties) == 0 {
 				best = row
 			}
 		}
 	}
-	return best, nil
+	return best
 }
 
 // Parameters are the YAML parameters of a least-busy instance.

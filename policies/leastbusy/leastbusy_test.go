@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
@@ -180,30 +181,8 @@ func TestLeastBusyComponentsFailWithoutTheirGroup(t *testing.T) {
 	}
 }
 
-func TestLeastBusyIsSelectableByTheDocumentedYAML(t *testing.T) {
-	reg := catalog.NewRegistry()
-	if err := reg.Register(leastbusy.TypeName, leastbusy.Provider); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := catalog.ParseConfig([]byte(`
-worker_selection:
-  default: least-busy
-  instances:
-    - name: least-busy
-      type: least-busy
-      parameters:
-        min_device_overlap_blocks: 0
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := catalog.Resolve(reg, cfg, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Name != "least-busy" || res.Type != leastbusy.TypeName || res.Builtin {
-		t.Fatalf("resolution = %+v", res)
-	}
+func TestTheREADMEExampleSelectsThePolicy(t *testing.T) {
+	res := resolveREADME(t)
 	p, err := res.Factory(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: "default"})
 	if err != nil {
 		t.Fatal(err)
@@ -211,4 +190,34 @@ worker_selection:
 	if got, err := pick(p, []row{{1, 0, 4}, {2, 0, 0}}, 1); err != nil || got != 2 {
 		t.Fatalf("got %d, %v", got, err)
 	}
+}
+
+// resolveREADME resolves the README's YAML example through a registry holding this type.
+func resolveREADME(t *testing.T) *catalog.Resolution {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, example, ok := strings.Cut(string(readme), "```yaml\n")
+	if !ok {
+		t.Fatal("README.md has no yaml example")
+	}
+	example, _, _ = strings.Cut(example, "```")
+	reg := catalog.NewRegistry()
+	if err := reg.Register(leastbusy.TypeName, leastbusy.Provider); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := catalog.ParseConfig([]byte(example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := catalog.Resolve(reg, cfg, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Type != leastbusy.TypeName || res.Builtin {
+		t.Fatalf("the README example resolves to %+v", res)
+	}
+	return res
 }

@@ -2,6 +2,7 @@ package random_test
 
 import (
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
@@ -83,16 +84,39 @@ func TestRandomProviderRejectsUnknownParameters(t *testing.T) {
 	}
 }
 
-func TestRandomIsSelectableByYAML(t *testing.T) {
+func TestTheREADMEExampleSelectsThePolicy(t *testing.T) {
+	res := resolveREADME(t)
+	if _, err := res.Factory(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: "default"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// resolveREADME resolves the README's YAML example through a registry holding this type.
+func resolveREADME(t *testing.T) *catalog.Resolution {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, example, ok := strings.Cut(string(readme), "```yaml\n")
+	if !ok {
+		t.Fatal("README.md has no yaml example")
+	}
+	example, _, _ = strings.Cut(example, "```")
 	reg := catalog.NewRegistry()
 	if err := reg.Register(random.TypeName, random.Provider); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := catalog.ParseConfig([]byte(`worker_selection: {default: coin, instances: [{name: coin, type: random, parameters: {}}]}`))
+	cfg, err := catalog.ParseConfig([]byte(example))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res, err := catalog.Resolve(reg, cfg, ""); err != nil || res.Type != random.TypeName || res.Name != "coin" {
-		t.Fatalf("resolution %+v, %v", res, err)
+	res, err := catalog.Resolve(reg, cfg, "")
+	if err != nil {
+		t.Fatal(err)
 	}
+	if res.Type != random.TypeName || res.Builtin {
+		t.Fatalf("the README example resolves to %+v", res)
+	}
+	return res
 }

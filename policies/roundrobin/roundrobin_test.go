@@ -2,6 +2,7 @@ package roundrobin_test
 
 import (
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
@@ -132,21 +133,39 @@ func TestRoundRobinProviderRejectsUnknownParameters(t *testing.T) {
 	}
 }
 
-func TestRoundRobinIsSelectableByYAML(t *testing.T) {
+func TestTheREADMEExampleSelectsThePolicy(t *testing.T) {
+	res := resolveREADME(t)
+	if _, err := res.Factory(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: "default"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// resolveREADME resolves the README's YAML example through a registry holding this type.
+func resolveREADME(t *testing.T) *catalog.Resolution {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, example, ok := strings.Cut(string(readme), "```yaml\n")
+	if !ok {
+		t.Fatal("README.md has no yaml example")
+	}
+	example, _, _ = strings.Cut(example, "```")
 	reg := catalog.NewRegistry()
 	if err := reg.Register(roundrobin.TypeName, roundrobin.Provider); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := catalog.ParseConfig([]byte(`worker_selection: {default: rr, instances: [{name: rr, type: round-robin}]}`))
+	cfg, err := catalog.ParseConfig([]byte(example))
 	if err != nil {
 		t.Fatal(err)
 	}
 	res, err := catalog.Resolve(reg, cfg, "")
-	if err != nil || res.Type != roundrobin.TypeName {
-		t.Fatalf("resolution %+v, %v", res, err)
+	if err != nil {
+		t.Fatal(err)
 	}
-	p := newPolicy(t, res.Factory, "default")
-	if got := pick(t, p, rand.New(rand.NewPCG(1, 1)), w(2, 0), w(1, 0)); got != w(1, 0) {
-		t.Fatalf("got %v", got)
+	if res.Type != roundrobin.TypeName || res.Builtin {
+		t.Fatalf("the README example resolves to %+v", res)
 	}
+	return res
 }

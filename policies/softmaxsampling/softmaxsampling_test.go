@@ -3,6 +3,7 @@ package softmaxsampling_test
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
@@ -173,17 +174,41 @@ func TestSoftmaxSamplingValidation(t *testing.T) {
 			t.Fatalf("err = %v", err)
 		}
 	})
-	t.Run("the type is selectable by YAML", func(t *testing.T) {
-		reg := catalog.NewRegistry()
-		if err := reg.Register(softmaxsampling.TypeName, softmaxsampling.Provider); err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := catalog.ParseConfig([]byte(`worker_selection: {default: soft, instances: [{name: soft, type: softmax-sampling, parameters: {temperature: 0.3}}]}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res, err := catalog.Resolve(reg, cfg, ""); err != nil || res.Type != softmaxsampling.TypeName {
-			t.Fatalf("resolution %+v, %v", res, err)
-		}
-	})
+}
+
+func TestTheREADMEExampleSelectsThePolicy(t *testing.T) {
+	res := resolveREADME(t)
+	if _, err := res.Factory(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: "default"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// resolveREADME resolves the README's YAML example through a registry holding this type.
+func resolveREADME(t *testing.T) *catalog.Resolution {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, example, ok := strings.Cut(string(readme), "```yaml\n")
+	if !ok {
+		t.Fatal("README.md has no yaml example")
+	}
+	example, _, _ = strings.Cut(example, "```")
+	reg := catalog.NewRegistry()
+	if err := reg.Register(softmaxsampling.TypeName, softmaxsampling.Provider); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := catalog.ParseConfig([]byte(example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := catalog.Resolve(reg, cfg, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Type != softmaxsampling.TypeName || res.Builtin {
+		t.Fatalf("the README example resolves to %+v", res)
+	}
+	return res
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
@@ -165,26 +166,8 @@ func TestStackedLoadCacheProviderValidation(t *testing.T) {
 	})
 }
 
-func TestStackedLoadCacheIsSelectableByYAML(t *testing.T) {
-	reg := catalog.NewRegistry()
-	if err := reg.Register(stackedloadcache.TypeName, stackedloadcache.Provider); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := catalog.ParseConfig([]byte(`
-worker_selection:
-  default: stacked
-  instances:
-    - name: stacked
-      type: stacked-load-cache
-      parameters: {active_requests_weight: 2, uncached_blocks_weight: 0.5}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := catalog.Resolve(reg, cfg, "")
-	if err != nil || res.Type != stackedloadcache.TypeName {
-		t.Fatalf("resolution %+v, %v", res, err)
-	}
+func TestTheREADMEExampleSelectsThePolicy(t *testing.T) {
+	res := resolveREADME(t)
 	p, err := res.Factory(policies.DefaultRouterConfig(), "select", policies.PartitionID{})
 	if err != nil {
 		t.Fatal(err)
@@ -222,4 +205,34 @@ func BenchmarkStackedLoadCache(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/candidate")
 		})
 	}
+}
+
+// resolveREADME resolves the README's YAML example through a registry holding this type.
+func resolveREADME(t *testing.T) *catalog.Resolution {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, example, ok := strings.Cut(string(readme), "```yaml\n")
+	if !ok {
+		t.Fatal("README.md has no yaml example")
+	}
+	example, _, _ = strings.Cut(example, "```")
+	reg := catalog.NewRegistry()
+	if err := reg.Register(stackedloadcache.TypeName, stackedloadcache.Provider); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := catalog.ParseConfig([]byte(example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := catalog.Resolve(reg, cfg, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Type != stackedloadcache.TypeName || res.Builtin {
+		t.Fatalf("the README example resolves to %+v", res)
+	}
+	return res
 }

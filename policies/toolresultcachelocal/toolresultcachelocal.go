@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvepp/kvepp/policies"
 	"github.com/kvepp/kvepp/policies/defaultcost"
+	"github.com/kvepp/kvepp/policies/leastbusy"
 )
 
 // TypeName is the registered policy type (selection-service.md §17.4).
@@ -58,19 +59,7 @@ func (Picker) Pick(ctx *policies.WorkerSelectionContext, view *policies.WorkerIn
 		}
 		return cmp.Compare(rows[a].Cost(), rows[b].Cost())
 	}
-	best, ties := 0, 1
-	for row := 1; row < len(rows); row++ {
-		switch c := compare(row, best); {
-		case c < 0:
-			best, ties = row, 1
-		case c == 0:
-			ties++
-			if ctx.Rand().IntN(ties) == 0 {
-				best = row
-			}
-		}
-	}
-	return best, nil
+	return leastbusy.BestRow(ctx, len(rows), compare), nil
 }
 
 // Parameters are the YAML parameters of a tool-result-cache-local instance: none (any key is

@@ -2,6 +2,7 @@ package toolresultcachelocal_test
 
 import (
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
@@ -153,17 +154,41 @@ func TestToolResultCacheLocalConfiguration(t *testing.T) {
 			t.Fatalf("err = %v", err)
 		}
 	})
-	t.Run("the type is selectable by YAML", func(t *testing.T) {
-		reg := catalog.NewRegistry()
-		if err := reg.Register(toolresultcachelocal.TypeName, toolresultcachelocal.Provider); err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := catalog.ParseConfig([]byte(`worker_selection: {default: tools, instances: [{name: tools, type: tool-result-cache-local}]}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res, err := catalog.Resolve(reg, cfg, ""); err != nil || res.Type != toolresultcachelocal.TypeName {
-			t.Fatalf("resolution %+v, %v", res, err)
-		}
-	})
+}
+
+func TestTheREADMEExampleSelectsThePolicy(t *testing.T) {
+	res := resolveREADME(t)
+	if _, err := res.Factory(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: "default"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// resolveREADME resolves the README's YAML example through a registry holding this type.
+func resolveREADME(t *testing.T) *catalog.Resolution {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, example, ok := strings.Cut(string(readme), "```yaml\n")
+	if !ok {
+		t.Fatal("README.md has no yaml example")
+	}
+	example, _, _ = strings.Cut(example, "```")
+	reg := catalog.NewRegistry()
+	if err := reg.Register(toolresultcachelocal.TypeName, toolresultcachelocal.Provider); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := catalog.ParseConfig([]byte(example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := catalog.Resolve(reg, cfg, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Type != toolresultcachelocal.TypeName || res.Builtin {
+		t.Fatalf("the README example resolves to %+v", res)
+	}
+	return res
 }

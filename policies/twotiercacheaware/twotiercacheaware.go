@@ -21,15 +21,19 @@ import (
 	"math"
 
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/leastbusy"
 )
 
 // TypeName is the registered policy type (selection-service.md §17.4).
 const TypeName = "two-tier-cache-aware"
 
-// Defaults of the parameters (SGLang router's cache-aware defaults).
+// Defaults of the parameters (the SGLang router's cache-aware defaults).
 const (
-	DefaultCacheThreshold      = 0.5
+	// DefaultCacheThreshold is the default cache_threshold (device-overlap ratio).
+	DefaultCacheThreshold = 0.5
+	// DefaultBalanceAbsThreshold is the default balance_abs_threshold (active requests).
 	DefaultBalanceAbsThreshold = 32
+	// DefaultBalanceRelThreshold is the default balance_rel_threshold (max / min ratio).
 	DefaultBalanceRelThreshold = 1.0001
 )
 
@@ -86,42 +90,29 @@ func (p *Picker) Pick(ctx *policies.WorkerSelectionContext, view *policies.Worke
 		}
 		return cmp.Compare(la.ActivePrefillTokens(), lb.ActivePrefillTokens())
 	}
-	if p.Thresholds.Imbalanced(minLoad, maxLoad) {
-		return best(ctx, n, shorter), nil
-	}
-	// Cache-aware tier: compare device overlaps in blocks (the ratio's denominator is shared).
-	blocks := ctx.RequestBlocks()
-	bestCache := view.Cache(0).DeviceOverlapBlocks()
-	for row := 1; row < n; row++ {
-		bestCache = max(bestCache, view.Cache(row).DeviceOverlapBlocks())
-	}
-	if blocks > 0 && float64(bestCache)/float64(blocks) > p.Thresholds.CacheThreshold {
-		return best(ctx, n, func(a, b int) int {
+	if !p.Thresholds.Imbalanced(minLoad, maxLoad) && p.cacheHit(ctx, view) {
+		return leastbusy.BestRow(ctx, n, func(a, b int) int {
 			if c := cmp.Compare(view.Cache(b).DeviceOverlapBlocks(), view.Cache(a).DeviceOverlapBlocks()); c != 0 {
 				return c
 			}
 			return shorter(a, b)
 		}), nil
 	}
-	return best(ctx, n, shorter), nil
+	return leastbusy.BestRow(ctx, n, shorter), nil
 }
 
-// best returns the row ordered first by compare over rows 0..n-1, exact ties broken uniformly at
-// random by reservoir sampling.
-func best(ctx *policies.WorkerSelectionContext, n int, compare func(a, b int) int) int {
-	top, ties := 0, 1
-	for row := 1; row < n; row++ {
-		switch c := compare(row, top); {
-		case c < 0:
-			top, ties = row, 1
-		case c == 0:
-			ties++
-			if ctx.Rand().IntN(ties) == 0 {
-				top = row
-			}
-		}
+// cacheHit reports whether the largest device-overlap ratio, DeviceOverlapBlocks / RequestBlocks,
+// exceeds CacheThreshold (never for a request without a full block).
+func (p *Picker) cacheHit(ctx *policies.WorkerSelectionContext, view *policies.WorkerInputView) bool {
+	blocks := ctx.RequestBlocks()
+	if blocks <= 0 {
+		return false
 	}
-	return top
+	most := 0
+	for row := 0; row < view.Len(); row++ {
+		most = max(most, view.Cache(row).DeviceOverlapBlocks())
+	}
+	return float64(most)/float64(blocks) > p.Thresholds.CacheThreshold
 }
 
 // Parameters are the YAML parameters of a two-tier-cache-aware instance; all optional.
