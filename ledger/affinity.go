@@ -30,9 +30,12 @@ var (
 // AffinityTarget is what a session is bound to: a worker and, when HasRank, one dp_rank. Local
 // commits always carry a rank; replicated bindings may be worker-only.
 type AffinityTarget struct {
+	// WorkerID is the bound worker.
 	WorkerID uint64
-	DPRank   uint32
-	HasRank  bool
+	// DPRank is the bound global dp_rank; meaningful only when HasRank.
+	DPRank uint32
+	// HasRank is false for a worker-only binding (any rank of the worker).
+	HasRank bool
 }
 
 // String renders "worker W dp_rank R" or "worker W".
@@ -45,7 +48,9 @@ func (t AffinityTarget) String() string {
 
 // AffinityVersion orders binding versions by (Sequence, WriterID) (§12.1 replication).
 type AffinityVersion struct {
+	// Sequence starts at wall-clock nanoseconds and is bumped past every observed sequence.
 	Sequence uint64
+	// WriterID is the writing replica's id (breaks Sequence ties).
 	WriterID uint64
 }
 
@@ -58,9 +63,12 @@ func (v AffinityVersion) Less(w AffinityVersion) bool {
 // partition fields, which the caller owns): published on each commit and each lease release, and
 // applied on receipt with ApplyRemote.
 type AffinityUpdate struct {
+	// SessionID is the bound session (at most MaxSessionIDBytes bytes).
 	SessionID string
-	Target    AffinityTarget
-	Version   AffinityVersion
+	// Target is the binding.
+	Target AffinityTarget
+	// Version orders concurrent writes of the same session.
+	Version AffinityVersion
 }
 
 // HoldKind says what Acquire found for a session.
@@ -275,8 +283,8 @@ func (t *AffinityTable) Commit(h AffinityHold, reservationID string, dispatched 
 		} else if e.leases() == 0 {
 			t.setIdle(e, now)
 		}
-		return AffinityUpdate{}, false, fmt.Errorf("session %q is bound to %v but the request was dispatched to %v: %w",
-			h.SessionID, bound, dispatched, ErrAffinityConflict)
+		return AffinityUpdate{}, false, fmt.Errorf("%w: session %q is bound to %v but the request was dispatched to %v",
+			ErrAffinityConflict, h.SessionID, bound, dispatched)
 	}
 	return AffinityUpdate{SessionID: e.id, Target: e.target, Version: e.version}, true, nil
 }

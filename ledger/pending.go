@@ -19,9 +19,12 @@ const (
 // PendingKey identifies one pending selection: (model_name, routing_group, selection_id)
 // (selection-service.md §11 "Key"). A replay under another model or group is a different key.
 type PendingKey struct {
-	ModelName    string
+	// ModelName and RoutingGroup name the partition ("default" when a request omits them).
+	ModelName string
+	// RoutingGroup is the partition group ("default" when a request omits it).
 	RoutingGroup string
-	SelectionID  string
+	// SelectionID is the client-chosen selection id.
+	SelectionID string
 }
 
 // PendingSelection is what a POST /select with a selection_id captures for a later cached replay
@@ -134,8 +137,9 @@ func (c *PendingCache) Config() PendingConfig { return c.cfg }
 
 // Put stores sel under key at time now, replacing any entry of the same key (latest wins; the
 // replacement gets a new generation and a fresh TTL). It first sweeps expired entries from the
-// oldest, then evicts oldest-first while over the entry cap or the byte budget — an entry larger
-// than the whole budget evicts itself. It returns the entry's generation and whether it is stored.
+// oldest, then evicts oldest-first while over the entry cap or the byte budget. An entry larger
+// than the whole budget evicts itself: it is not stored and evicts nothing else (the entry it
+// replaced is gone either way). It returns the entry's generation and whether it is stored.
 func (c *PendingCache) Put(key PendingKey, sel PendingSelection, now time.Time) (generation uint64, stored bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -145,6 +149,11 @@ func (c *PendingCache) Put(key PendingKey, sel PendingSelection, now time.Time) 
 	c.sweepLocked(now)
 	c.nextGen++
 	e := &pendingEntry{key: key, sel: sel, gen: c.nextGen, inserted: now, size: PendingEntrySize(key, &sel)}
+	if e.size > c.cfg.MaxBytes {
+		// Oldest-first eviction would drain every other entry and then this one: skip straight
+		// to the end state for this entry and leave the others alone.
+		return e.gen, false
+	}
 	c.entries[key] = e
 	c.bytes += e.size
 	e.prev = c.tail

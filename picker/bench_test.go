@@ -1,0 +1,63 @@
+package picker_test
+
+import (
+	"strconv"
+	"testing"
+
+	"github.com/kvepp/kvepp/kvindex"
+	"github.com/kvepp/kvepp/picker"
+)
+
+// BenchmarkSelectAndReserveFree measures one in-process SelectAndReserve plus its Free on a
+// partition of 32 single-rank workers (block size 16, a 512-token prompt = 32 blocks), with 16
+// workers holding device prefixes of the prompt of 2..32 blocks and 8 background bookings live.
+// Goal: ≤ 20 µs per iteration.
+func BenchmarkSelectAndReserveFree(b *testing.B) {
+	for _, mode := range []string{"kv_events", "approximate"} {
+		b.Run(mode, func(b *testing.B) {
+			ev := newFakeEvents()
+			mods := []func(*picker.Config){}
+			if mode == "kv_events" {
+				mods = append(mods, withEvents(ev))
+			}
+			s := newService(b, mods...)
+			toks := tokens(512)
+			local := kvindex.BlockHashes(toks, 16, kvindex.BaseSeed)
+			for id := uint64(1); id <= 32; id++ {
+				mustUpsert(b, s, worker(id, func(r *picker.WorkerRecord) {
+					r.BlockSize = u32(16)
+					r.KVEventsEndpoint = "tcp://w:" + strconv.FormatUint(id, 10)
+				}))
+				if mode == "kv_events" && id <= 16 {
+					n := int(id) * 2
+					ev.mu.Lock()
+					idx := ev.indexes[id]
+					ev.mu.Unlock()
+					blocks := make([]kvindex.StoredBlock, n)
+					for i := range blocks {
+						blocks[i] = kvindex.StoredBlock{BlockHash: local[i] + 1, TokensHash: local[i]}
+					}
+					if err := idx.Apply(kvindex.Event{WorkerID: id, Kind: kvindex.EventStored, Blocks: blocks}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			for i := 0; i < 8; i++ {
+				if _, err := s.SelectAndReserve(ctxb(), tokenReq(tokens(100+i))); err != nil {
+					b.Fatal(err)
+				}
+			}
+			req := tokenReq(toks, func(r *picker.SelectRequest) { r.SelectionID = "bench" })
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := s.SelectAndReserve(ctxb(), req); err != nil {
+					b.Fatal(err)
+				}
+				if err := s.Free(ctxb(), "bench"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

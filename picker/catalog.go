@@ -1,0 +1,600 @@
+package picker
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvepp/kvepp/kvindex"
+	"github.com/kvepp/kvepp/ledger"
+	"github.com/kvepp/kvepp/policies"
+)
+
+// WorkerTypeSelect is the worker type every policy factory receives in this service
+// (selection-service.md §17.4, acceptance 35).
+const WorkerTypeSelect = "select"
+
+// workerEntry is the catalog's state of one worker. Entries are immutable once published (readers
+// take them under Service.mu.RLock); every change installs a new entry.
+type workerEntry struct {
+	state WorkerState
+	key   PartitionKey
+	start uint32 // first global dp_rank
+	size  uint32 // number of ranks (valid only when the record's size is acceptable)
+	// events is the KV event endpoint per global rank (KV events on, schedulable only).
+	events map[uint32]string
+	replay string
+	// attached reports that the event source holds listeners for this worker.
+	attached bool
+	// bsAccepted reports that block_size > 0 and it (with is_eagle) matched the partition: the
+	// worker defines the partition's invariants.
+	bsAccepted bool
+	blockSize  uint32
+}
+
+// WorkerPatch is the body of PATCH /workers/{worker_id} (selection-service.md §4.3): every
+// WorkerRecord field except worker_id, model_name and routing_group, all optional. Only non-nil
+// fields overwrite; maps and slices replace wholesale (a non-nil empty value clears them).
+type WorkerPatch struct {
+	// Endpoint is the URL callers contact, e.g. http://worker:8000. Nil leaves it unchanged.
+	Endpoint *string `json:"endpoint,omitempty"`
+	// BlockSize is the KV block size in tokens (> 0, equal across the partition). Nil leaves it unchanged.
+	BlockSize *uint32 `json:"block_size,omitempty"`
+	// DataParallelStartRank is the first global dp_rank (default 0). Nil leaves it unchanged.
+	DataParallelStartRank *uint32 `json:"data_parallel_start_rank,omitempty"`
+	// DataParallelSize is the number of ranks (default 1, > 0). Nil leaves it unchanged.
+	DataParallelSize *uint32 `json:"data_parallel_size,omitempty"`
+	// KVEventsEndpoints maps a global rank (decimal) to its ZMQ PUB endpoint. Nil leaves it unchanged.
+	KVEventsEndpoints map[string]string `json:"kv_events_endpoints,omitempty"`
+	// KVEventsEndpoint is the single-rank shorthand (data_parallel_size 1, empty map). Nil leaves it unchanged.
+	KVEventsEndpoint *string `json:"kv_events_endpoint,omitempty"`
+	// ReplayEndpoint is the ZMQ ROUTER for gap replay (data_parallel_size 1 only). Nil leaves it unchanged.
+	ReplayEndpoint *string `json:"replay_endpoint,omitempty"`
+	// MaxNumBatchedTokens is the prefill capacity in tokens (required while queueing). Nil leaves it unchanged.
+	MaxNumBatchedTokens *uint64 `json:"max_num_batched_tokens,omitempty"`
+	// TotalKVBlocks is the decode capacity in blocks (enables decode_busy). Nil leaves it unchanged.
+	TotalKVBlocks *uint64 `json:"total_kv_blocks,omitempty"`
+	// IsEagle selects eagle hashing (equal across the partition). Nil leaves it unchanged.
+	IsEagle *bool `json:"is_eagle,omitempty"`
+	// Taints are matched by routing_constraints. Nil leaves it unchanged.
+	Taints []string `json:"taints,omitempty"`
+	// StableRoutingID is stored and echoed only. Nil leaves it unchanged.
+	StableRoutingID *string `json:"stable_routing_id,omitempty"`
+	// TopologyDomains is stored and echoed only. Nil leaves it unchanged.
+	TopologyDomains map[string]string `json:"topology_domains,omitempty"`
+	// KVTransferDomain is stored and echoed only. Nil leaves it unchanged.
+	KVTransferDomain *string `json:"kv_transfer_domain,omitempty"`
+	// KVTransferEnforcement is stored and echoed only. Nil leaves it unchanged.
+	KVTransferEnforcement *string `json:"kv_transfer_enforcement,omitempty"`
+	// KVTransferPreferredWeight is stored and echoed only. Nil leaves it unchanged.
+	KVTransferPreferredWeight *float32 `json:"kv_transfer_preferred_weight,omitempty"`
+	// RouterHintWorkerType marks a worker that can consume KV hints (§7.7). Nil leaves it unchanged.
+	RouterHintWorkerType *string `json:"router_hint_worker_type,omitempty"`
+	// RouterHintSourceControlEndpoints maps a global rank to where hint targets fetch from this worker. Nil leaves it unchanged.
+	RouterHintSourceControlEndpoints map[string]string `json:"router_hint_source_control_endpoints,omitempty"`
+	// KVEventSourceMode "state_agent_v2" makes the worker a hint target only. Nil leaves it unchanged.
+	KVEventSourceMode *string `json:"kv_event_source_mode,omitempty"`
+}
+
+// apply overwrites rec's fields with the supplied fields of p.
+func (p *WorkerPatch) apply(rec *WorkerRecord) {
+	setStr := func(dst *string, v *string) {
+		if v != nil {
+			*dst = *v
+		}
+	}
+	setStr(&rec.Endpoint, p.Endpoint)
+	if p.BlockSize != nil {
+		rec.BlockSize = p.BlockSize
+	}
+	if p.DataParallelStartRank != nil {
+		rec.DataParallelStartRank = p.DataParallelStartRank
+	}
+	if p.DataParallelSize != nil {
+		rec.DataParallelSize = p.DataParallelSize
+	}
+	if p.KVEventsEndpoints != nil {
+		rec.KVEventsEndpoints = p.KVEventsEndpoints
+	}
+	setStr(&rec.KVEventsEndpoint, p.KVEventsEndpoint)
+	setStr(&rec.ReplayEndpoint, p.ReplayEndpoint)
+	if p.MaxNumBatchedTokens != nil {
+		rec.MaxNumBatchedTokens = p.MaxNumBatchedTokens
+	}
+	if p.TotalKVBlocks != nil {
+		rec.TotalKVBlocks = p.TotalKVBlocks
+	}
+	if p.IsEagle != nil {
+		rec.IsEagle = *p.IsEagle
+	}
+	if p.Taints != nil {
+		rec.Taints = p.Taints
+	}
+	setStr(&rec.StableRoutingID, p.StableRoutingID)
+	if p.TopologyDomains != nil {
+		rec.TopologyDomains = p.TopologyDomains
+	}
+	setStr(&rec.KVTransferDomain, p.KVTransferDomain)
+	setStr(&rec.KVTransferEnforcement, p.KVTransferEnforcement)
+	if p.KVTransferPreferredWeight != nil {
+		rec.KVTransferPreferredWeight = p.KVTransferPreferredWeight
+	}
+	setStr(&rec.RouterHintWorkerType, p.RouterHintWorkerType)
+	if p.RouterHintSourceControlEndpoints != nil {
+		rec.RouterHintSourceControlEndpoints = p.RouterHintSourceControlEndpoints
+	}
+	setStr(&rec.KVEventSourceMode, p.KVEventSourceMode)
+}
+
+// ReadyState is the body of GET /ready (selection-service.md §5): Ready is true iff the service is
+// not shutting down and at least one worker is schedulable catalog-wide; SchedulableWorkers counts
+// workers (not ranks); Workers is the whole catalog sorted by worker_id.
+type ReadyState struct {
+	// Ready is the readiness verdict.
+	Ready bool `json:"ready"`
+	// SchedulableWorkers counts schedulable workers.
+	SchedulableWorkers int `json:"schedulable_workers"`
+	// Workers is the whole catalog by worker_id.
+	Workers []WorkerState `json:"workers"`
+}
+
+// UpsertWorker registers or replaces the whole record of rec.WorkerID (selection-service.md §4.1,
+// §4.2) and returns the stored record with its lifecycle ("schedulable" or "incomplete") and the
+// exact not_schedulable_reasons of the §4.1 table. Missing metadata is not an error. Empty
+// model_name / routing_group become "default". A changed partition drains the worker from the old
+// one first (listeners detached, index rows dropped, live bookings released). With KV events on,
+// a schedulable worker's listeners are (re)attached; the event source reconciles rank by rank so
+// unchanged endpoints keep their index rows, while ranks that left the range are cleared. A
+// failure becomes the reason "reconciliation failed: <error>" and leaves no listener of the worker.
+//
+// source records who registered the worker; a worker once owned by discovery stays owned by
+// discovery (so discovery keeps reconciling it) even when the API updates it (epp.md §11.3).
+//
+// Errors: KindNotReady "selection service is shutting down"; KindBadRequest when the policy
+// factory fails for a new partition; ctx's error (KindInternal) when ctx is already done.
+func (s *Service) UpsertWorker(ctx context.Context, rec WorkerRecord, source Source) (WorkerState, error) {
+	if s.shuttingDown.Load() {
+		return WorkerState{}, errShuttingDown()
+	}
+	if err := ctx.Err(); err != nil {
+		return WorkerState{}, &Error{Kind: KindInternal, Message: "worker update cancelled: " + err.Error(), Err: err}
+	}
+	if rec.ModelName == "" {
+		rec.ModelName = DefaultPartitionName
+	}
+	if rec.RoutingGroup == "" {
+		rec.RoutingGroup = DefaultPartitionName
+	}
+	if source == "" {
+		source = SourceAPI
+	}
+	s.catalogMu.Lock()
+	defer s.catalogMu.Unlock()
+	return s.applyLocked(cloneRecord(rec), source)
+}
+
+// PatchWorker overwrites the supplied fields of an existing worker and re-evaluates it exactly as
+// UpsertWorker does (selection-service.md §4.3); a patch cannot move partitions and keeps the
+// record's source. Errors: KindNotFound "worker {id} not found"; KindNotReady while shutting down.
+func (s *Service) PatchWorker(ctx context.Context, workerID uint64, patch WorkerPatch) (WorkerState, error) {
+	if s.shuttingDown.Load() {
+		return WorkerState{}, errShuttingDown()
+	}
+	if err := ctx.Err(); err != nil {
+		return WorkerState{}, &Error{Kind: KindInternal, Message: "worker update cancelled: " + err.Error(), Err: err}
+	}
+	s.catalogMu.Lock()
+	defer s.catalogMu.Unlock()
+	old := s.workers[workerID]
+	if old == nil {
+		return WorkerState{}, Errorf(KindNotFound, "worker %d not found", workerID)
+	}
+	rec := cloneRecord(old.state.WorkerRecord)
+	patch.apply(&rec)
+	return s.applyLocked(cloneRecord(rec), old.state.Source)
+}
+
+// applyLocked is the upsert algorithm. Caller holds catalogMu.
+func (s *Service) applyLocked(rec WorkerRecord, source Source) (WorkerState, error) {
+	key := PartitionKey{ModelName: rec.ModelName, RoutingGroup: rec.RoutingGroup}
+	old := s.workers[rec.WorkerID]
+	if old != nil && old.state.Source == SourceDiscovery {
+		source = SourceDiscovery
+	}
+	p, err := s.ensurePartition(key)
+	if err != nil {
+		return WorkerState{}, err
+	}
+	if old != nil && old.key != key {
+		s.drainLocked(old, s.partition(old.key))
+		old = nil
+	}
+	cur := p.view.Load()
+	wasActive := old != nil && old.state.Lifecycle == LifecycleSchedulable
+
+	e := &workerEntry{key: key, replay: rec.ReplayEndpoint}
+	reasons := s.staticReasons(&rec, e)
+
+	// Partition invariants: block_size and is_eagle agree across the partition (§3).
+	index, bs, eagle := cur.index, cur.blockSize, cur.isEagle
+	indexChanged := false
+	if rec.BlockSize != nil && *rec.BlockSize > 0 {
+		e.blockSize = *rec.BlockSize
+		ib, ie, defined := p.invariants(rec.WorkerID)
+		switch {
+		case defined && ib != *rec.BlockSize:
+			reasons = append(reasons, fmt.Sprintf("reconciliation failed: worker %d block_size %d does not match partition %s block_size %d",
+				rec.WorkerID, *rec.BlockSize, key, ib))
+		case defined && ie != rec.IsEagle:
+			reasons = append(reasons, fmt.Sprintf("reconciliation failed: worker %d is_eagle %t does not match partition %s is_eagle %t",
+				rec.WorkerID, rec.IsEagle, key, ie))
+		default:
+			e.bsAccepted = true
+			bs, eagle = *rec.BlockSize, rec.IsEagle
+			if index == nil || index.lookup.BlockSize() != int(bs) {
+				if index != nil {
+					s.log.Warn().Str("partition", key.String()).Int("old_block_size", index.lookup.BlockSize()).
+						Uint32("block_size", bs).Msg("partition block size changed; recreating its index")
+				}
+				index = s.newIndex(int(bs))
+				indexChanged = true
+			}
+		}
+	}
+	hashingChanged := indexChanged || (old != nil && (old.blockSize != e.blockSize || old.state.IsEagle != rec.IsEagle))
+
+	if wasActive && hashingChanged {
+		// Rows and listeners use the old hashing parameters (or the old index): start over.
+		if old.attached {
+			s.events.DetachWorker(rec.WorkerID)
+		}
+		if cur.index != nil {
+			cur.index.lookup.RemoveWorker(rec.WorkerID)
+		}
+		wasActive = false
+	}
+	nowActive := len(reasons) == 0
+	if s.events != nil && nowActive {
+		spec := WorkerEventSpec{
+			WorkerID: rec.WorkerID, Partition: key, BlockSize: int(bs), IsEagle: eagle,
+			DPStartRank: e.start, DPSize: e.size, Endpoints: e.events, ReplayEndpoint: e.replay,
+		}
+		if err := s.events.AttachWorker(spec, index.events); err != nil {
+			reasons = append(reasons, "reconciliation failed: "+err.Error())
+			nowActive = false
+			s.events.DetachWorker(rec.WorkerID)
+		} else {
+			e.attached = true
+		}
+	}
+	switch {
+	case wasActive && !nowActive:
+		if old.attached && !e.attached {
+			s.events.DetachWorker(rec.WorkerID)
+		}
+		if cur.index != nil {
+			cur.index.lookup.RemoveWorker(rec.WorkerID)
+		}
+	case wasActive && nowActive && s.events == nil:
+		// Approximate rows of ranks that left the range go; bookings on ranks present in both
+		// snapshots are kept (§4.2). With KV events the event source clears changed and departed
+		// ranks itself, between stopping the old listener and starting the new one.
+		for r := old.start; r-old.start < old.size; r++ {
+			if r < e.start || r-e.start >= e.size {
+				index.clearRank(rec.WorkerID, r)
+				break // the approximate index drops the whole worker at once
+			}
+		}
+	}
+	e.state = WorkerState{WorkerRecord: rec, Source: source}
+	if nowActive {
+		e.state.Lifecycle = LifecycleSchedulable
+	} else {
+		e.state.Lifecycle = LifecycleIncomplete
+		e.state.NotSchedulableReasons = reasons
+	}
+	s.commitLocked(p, e, index, bs, eagle)
+	return cloneState(e.state), nil
+}
+
+// staticReasons computes the §4.1 reasons that depend only on the record and configuration, and
+// fills e's rank range and per-rank event endpoints.
+func (s *Service) staticReasons(rec *WorkerRecord, e *workerEntry) (reasons []string) {
+	if rec.Endpoint == "" {
+		reasons = append(reasons, "endpoint is required")
+	}
+	if rec.BlockSize == nil || *rec.BlockSize == 0 {
+		reasons = append(reasons, "block_size must be greater than 0")
+	}
+	if rec.DataParallelStartRank != nil {
+		e.start = *rec.DataParallelStartRank
+	}
+	size := uint32(1)
+	if rec.DataParallelSize != nil {
+		size = *rec.DataParallelSize
+	}
+	switch {
+	case size == 0:
+		reasons = append(reasons, "data_parallel_size must be greater than 0")
+	case size > MaxDataParallelSize:
+		reasons = append(reasons, fmt.Sprintf("data_parallel_size %d exceeds the limit of %d", size, MaxDataParallelSize))
+	case uint64(e.start)+uint64(size) > 1<<32:
+		reasons = append(reasons, fmt.Sprintf("data_parallel_start_rank %d + data_parallel_size %d exceeds the dp_rank range", e.start, size))
+	default:
+		e.size = size
+	}
+	sizeOK := e.size > 0
+	if s.cfg.queueing() && rec.MaxNumBatchedTokens == nil {
+		reasons = append(reasons, "max_num_batched_tokens is required while queueing is enabled")
+	}
+	if s.cfg.Router.UseKVEvents && sizeOK {
+		e.events = make(map[uint32]string, e.size)
+		if len(rec.KVEventsEndpoints) == 0 && e.size == 1 && rec.KVEventsEndpoint != "" {
+			e.events[e.start] = rec.KVEventsEndpoint
+		}
+		for k, v := range rec.KVEventsEndpoints {
+			r, err := strconv.ParseUint(k, 10, 32)
+			if err != nil || v == "" || uint32(r) < e.start || uint32(r)-e.start >= e.size {
+				continue
+			}
+			e.events[uint32(r)] = v
+		}
+		for r := e.start; r-e.start < e.size; r++ {
+			if e.events[r] == "" {
+				reasons = append(reasons, fmt.Sprintf("kv_events endpoint is required for dp_rank %d", r))
+			}
+		}
+		if e.size > 1 && rec.ReplayEndpoint != "" {
+			reasons = append(reasons, "replay_endpoint is supported only for data_parallel_size 1")
+		}
+	}
+	return reasons
+}
+
+// newIndex creates a partition index of block size bs: event-driven when KV events are on, else
+// approximate with the configured TTL and size cap (kv-events-index.md §15.1).
+func (s *Service) newIndex(bs int) *partIndex {
+	if s.cfg.Router.UseKVEvents {
+		ix := kvindex.New(kvindex.Config{BlockSize: bs})
+		return &partIndex{lookup: ix, events: ix}
+	}
+	a := kvindex.NewApprox(kvindex.ApproxConfig{
+		BlockSize:        bs,
+		TTL:              time.Duration(s.cfg.Router.ApproxTTLSecs * float64(time.Second)),
+		MaxTreeSize:      s.cfg.Router.MaxTreeSize,
+		PruneTargetRatio: s.cfg.Router.PruneTargetRatio,
+		Policy:           kvindex.ApproxTTL,
+	})
+	return &partIndex{lookup: a, approx: a}
+}
+
+// invariants returns the partition's block_size and is_eagle as defined by its accepted members
+// other than exclude; defined is false when there is none.
+func (p *partition) invariants(exclude uint64) (bs uint32, eagle bool, defined bool) {
+	for id, m := range p.members {
+		if id != exclude && m.bsAccepted {
+			return m.blockSize, m.state.IsEagle, true
+		}
+	}
+	return 0, false, false
+}
+
+// commitLocked installs e in the catalog and its partition and publishes the partition's new view.
+// Caller holds catalogMu.
+func (s *Service) commitLocked(p *partition, e *workerEntry, index *partIndex, bs uint32, eagle bool) {
+	id := e.state.WorkerID
+	s.mu.Lock()
+	prev := s.workers[id]
+	s.workers[id] = e
+	s.mu.Unlock()
+	s.adjustSchedulable(prev, e)
+	p.members[id] = e
+	p.memberCount.Store(int64(len(p.members)))
+	p.publish(index, bs, eagle)
+}
+
+func (s *Service) adjustSchedulable(prev, next *workerEntry) {
+	var d int64
+	if prev != nil && prev.state.Lifecycle == LifecycleSchedulable {
+		d--
+	}
+	if next != nil && next.state.Lifecycle == LifecycleSchedulable {
+		d++
+	}
+	s.schedulable.Add(d)
+}
+
+// publish rebuilds and installs the partition view under the selection mutex, so no selection is
+// between reading the old view and booking when the new one appears.
+func (p *partition) publish(index *partIndex, bs uint32, eagle bool) {
+	v := buildView(index, bs, eagle, p.members)
+	p.mu.Lock()
+	p.view.Store(v)
+	p.mu.Unlock()
+}
+
+// drainLocked removes e from partition p: the view drops it, its listeners are detached, its index
+// rows dropped and its live bookings released (§4.1 step 2, §4.4). Caller holds catalogMu.
+func (s *Service) drainLocked(e *workerEntry, p *partition) {
+	id := e.state.WorkerID
+	delete(p.members, id)
+	p.memberCount.Store(int64(len(p.members)))
+	cur := p.view.Load()
+	p.publish(cur.index, cur.blockSize, cur.isEagle)
+	if e.attached {
+		s.events.DetachWorker(id)
+	}
+	if cur.index != nil {
+		cur.index.lookup.RemoveWorker(id)
+	}
+	released := s.ledger.FreeWorker(id)
+	s.releaseLeases(released, true)
+	if len(released) > 0 {
+		s.log.Info().Uint64("worker_id", id).Int("bookings", len(released)).Str("partition", p.key.String()).
+			Msg("released the live bookings of a drained worker")
+	}
+	s.mu.Lock()
+	if s.workers[id] == e {
+		delete(s.workers, id)
+	}
+	s.mu.Unlock()
+	s.adjustSchedulable(e, nil)
+}
+
+// DeleteWorker removes a worker (selection-service.md §4.4): it is marked draining and leaves the
+// scheduler view, its listeners are detached and its index rows dropped, its live bookings are
+// released, and it leaves the catalog. It returns the final record with lifecycle
+// "unschedulable". Works during shutdown. Errors: KindNotFound "worker {id} not found".
+func (s *Service) DeleteWorker(ctx context.Context, workerID uint64) (WorkerState, error) {
+	_ = ctx // deletion always runs to completion once started: a half-deleted worker is worse
+	s.catalogMu.Lock()
+	defer s.catalogMu.Unlock()
+	e := s.workers[workerID]
+	if e == nil {
+		return WorkerState{}, Errorf(KindNotFound, "worker %d not found", workerID)
+	}
+	p := s.partition(e.key)
+	draining := *e
+	draining.state = cloneState(e.state)
+	draining.state.Lifecycle = LifecycleDraining
+	draining.state.NotSchedulableReasons = nil
+	s.mu.Lock()
+	s.workers[workerID] = &draining
+	s.mu.Unlock()
+	s.adjustSchedulable(e, &draining)
+	s.drainLocked(&draining, p)
+	final := cloneState(draining.state)
+	final.Lifecycle = LifecycleUnschedulable
+	return final, nil
+}
+
+// Workers returns the catalog records sorted by worker_id, filtered by model and group when they
+// are non-empty (selection-service.md §4.5). Never errors.
+func (s *Service) Workers(model, group string) []WorkerState {
+	s.mu.RLock()
+	out := make([]WorkerState, 0, len(s.workers))
+	for _, e := range s.workers {
+		if (model == "" || e.key.ModelName == model) && (group == "" || e.key.RoutingGroup == group) {
+			out = append(out, cloneState(e.state))
+		}
+	}
+	s.mu.RUnlock()
+	slices.SortFunc(out, func(a, b WorkerState) int {
+		switch {
+		case a.WorkerID < b.WorkerID:
+			return -1
+		case a.WorkerID > b.WorkerID:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Worker returns the catalog record of workerID.
+func (s *Service) Worker(workerID uint64) (WorkerState, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	e := s.workers[workerID]
+	if e == nil {
+		return WorkerState{}, false
+	}
+	return cloneState(e.state), true
+}
+
+// Ready reports readiness (selection-service.md §5).
+func (s *Service) Ready() ReadyState {
+	ws := s.Workers("", "")
+	n := 0
+	for _, w := range ws {
+		if w.Lifecycle == LifecycleSchedulable {
+			n++
+		}
+	}
+	return ReadyState{Ready: n > 0 && !s.shuttingDown.Load(), SchedulableWorkers: n, Workers: ws}
+}
+
+// ensurePartition returns the partition of key, creating it (with its policy instance built once
+// by the factory for worker type "select") on first use. Errors: KindBadRequest when the factory
+// fails (§4.1 "router policy configuration cannot be evaluated for the worker"). Caller holds
+// catalogMu.
+func (s *Service) ensurePartition(key PartitionKey) (*partition, error) {
+	if p := s.partition(key); p != nil {
+		return p, nil
+	}
+	pol, err := s.buildPolicy(key)
+	if err != nil {
+		return nil, &Error{Kind: KindBadRequest, Message: fmt.Sprintf("router policy configuration cannot be evaluated for partition %s: %v", key, err), Err: err}
+	}
+	builtin := pol
+	if s.cfg.Policy != nil {
+		if builtin, err = builtinFactory()(s.cfg.Router.PolicyConfig(), WorkerTypeSelect,
+			policies.PartitionID{ModelName: key.ModelName, RoutingGroup: key.RoutingGroup}); err != nil {
+			return nil, &Error{Kind: KindBadRequest, Message: fmt.Sprintf("built-in policy cannot be built for partition %s: %v", key, err), Err: err}
+		}
+	}
+	p := &partition{
+		key:     key,
+		policy:  pol,
+		builtin: builtin,
+		rng:     rand.New(s.cfg.RandSource()),
+		members: make(map[uint64]*workerEntry),
+	}
+	if s.cfg.SessionAffinityTTL > 0 {
+		p.affinity = ledger.NewAffinityTable(ledger.AffinityConfig{
+			TTL: s.cfg.SessionAffinityTTL, MaxEntries: s.cfg.SessionAffinityMaxEntries, WriterID: s.writerID,
+		})
+	}
+	p.view.Store(buildView(nil, 0, false, nil))
+	s.mu.Lock()
+	s.partitions[key] = p
+	s.mu.Unlock()
+	return p, nil
+}
+
+// buildPolicy calls the factory, recovering a panic as an error.
+func (s *Service) buildPolicy(key PartitionKey) (pol *policies.WorkerSelectionPolicy, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("policy factory panicked: %v", r)
+		}
+	}()
+	pol, err = s.factory(s.cfg.Router.PolicyConfig(), WorkerTypeSelect,
+		policies.PartitionID{ModelName: key.ModelName, RoutingGroup: key.RoutingGroup})
+	if err == nil && pol == nil {
+		err = fmt.Errorf("policy factory returned no policy")
+	}
+	return pol, err
+}
+
+func cloneRecord(r WorkerRecord) WorkerRecord {
+	r.KVEventsEndpoints = maps.Clone(r.KVEventsEndpoints)
+	r.Taints = slices.Clone(r.Taints)
+	r.TopologyDomains = maps.Clone(r.TopologyDomains)
+	r.RouterHintSourceControlEndpoints = maps.Clone(r.RouterHintSourceControlEndpoints)
+	r.BlockSize = clonePtr(r.BlockSize)
+	r.DataParallelStartRank = clonePtr(r.DataParallelStartRank)
+	r.DataParallelSize = clonePtr(r.DataParallelSize)
+	r.MaxNumBatchedTokens = clonePtr(r.MaxNumBatchedTokens)
+	r.TotalKVBlocks = clonePtr(r.TotalKVBlocks)
+	r.KVTransferPreferredWeight = clonePtr(r.KVTransferPreferredWeight)
+	return r
+}
+
+func cloneState(st WorkerState) WorkerState {
+	st.WorkerRecord = cloneRecord(st.WorkerRecord)
+	st.NotSchedulableReasons = slices.Clone(st.NotSchedulableReasons)
+	return st
+}
+
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}

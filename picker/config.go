@@ -1,0 +1,293 @@
+package picker
+
+import (
+	crand "crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvepp/kvepp/kvindex"
+	"github.com/kvepp/kvepp/ledger"
+	"github.com/kvepp/kvepp/policies"
+)
+
+// Default values of the router settings (selection-service.md §19.2).
+const (
+	DefaultOverlapScoreCredit      = 1.0
+	DefaultPrefillLoadScale        = 1.0
+	DefaultHostCacheHitWeight      = 0.75
+	DefaultDiskCacheHitWeight      = 0.25
+	DefaultActiveRequestExpirySecs = 300.0
+	DefaultApproxTTLSecs           = 120.0
+	DefaultMaxTreeSize             = 1 << 20
+	DefaultPruneTargetRatio        = 0.8
+	// DefaultExpirySweepInterval is how often Run sweeps stale bookings (§10.5: every 60 s).
+	DefaultExpirySweepInterval = 60 * time.Second
+)
+
+// DefaultPrefillTokenCapacity is the advisory worker_load prefill_token_capacity reported for a
+// worker without max_num_batched_tokens (selection-service.md §7.6: 10,000,000 tokens).
+const DefaultPrefillTokenCapacity = 10_000_000
+
+// MaxDataParallelSize bounds data_parallel_size (ranks per worker). Larger values leave the worker
+// incomplete. Upstream has no limit; unspecified: choose 4096 so candidate expansion stays bounded.
+const MaxDataParallelSize = 4096
+
+// RouterSettings are the router configuration values the core reads (selection-service.md §19.2,
+// DYN_ROUTER_*). Start from DefaultRouterSettings: the zero value turns every boolean off.
+type RouterSettings struct {
+	// OverlapScoreCredit is the device-overlap credit of the built-in cost (blocks per block), ≥ 0.
+	OverlapScoreCredit float64
+	// OverlapScoreCreditDecay dampens the credit of prefill-loaded candidates (§9.2); 0 disables.
+	OverlapScoreCreditDecay float64
+	// PrefillLoadScale multiplies the prefill term of the built-in cost, ≥ 0.
+	PrefillLoadScale float64
+	// DecodeActiveRequestWeight is the cost per active request (blocks per request), ≥ 0.
+	DecodeActiveRequestWeight float64
+	// HostCacheHitWeight and DiskCacheHitWeight weight lower-tier hits, each in [0, 1].
+	HostCacheHitWeight float64
+	// DiskCacheHitWeight weights disk and external extension hits, in [0, 1].
+	DiskCacheHitWeight float64
+	// RouterTemperature is the softmax temperature of the built-in picker (§9.4), ≥ 0.
+	RouterTemperature float64
+	// TrackActiveBlocks makes bookings hold their sequence hashes as active blocks (§10.3).
+	TrackActiveBlocks bool
+	// TrackOutputBlocks is accepted for configuration parity; output_block works regardless.
+	TrackOutputBlocks bool
+	// AssumeKVReuse makes token-form tracking hashes the sequence-hash chain; false makes them
+	// fresh random values per block (§6.1).
+	AssumeKVReuse bool
+	// TrackPrefillTokens books effective_prefill_tokens as prefill load (§9.2, §10.3).
+	TrackPrefillTokens bool
+	// UseKVEvents selects the event-driven index (workers need kv_events endpoints and
+	// Config.EventSource attaches listeners); false selects the approximate index fed by bookings.
+	UseKVEvents bool
+	// ActiveRequestExpirySecs is the booking expiry guard in seconds since admission (§10.5), > 0.
+	ActiveRequestExpirySecs float64
+	// ApproxTTLSecs, MaxTreeSize and PruneTargetRatio configure the approximate index
+	// (kv-events-index.md §15.1): seconds, (node, candidate) entries, fraction in (0, 1).
+	ApproxTTLSecs float64
+	// MaxTreeSize is the approximate prune trigger in entries.
+	MaxTreeSize int
+	// PruneTargetRatio is the prune target fraction in (0, 1).
+	PruneTargetRatio float64
+	// QueueThreshold is router_queue_threshold; non-nil enables queueing (§13.1), ≥ 0.
+	QueueThreshold *float64
+	// ConditionalDisaggPrefillBusyThreshold enables advisory prefill_busy (§7.6), ≥ 0.
+	ConditionalDisaggPrefillBusyThreshold *float64
+	// ConditionalDisaggDecodeBusyThreshold enables decode_busy (§7.4), ≥ 0.
+	ConditionalDisaggDecodeBusyThreshold *float64
+}
+
+// DefaultRouterSettings returns the §19.2 defaults: credit 1, scale 1, host weight 0.75, disk
+// weight 0.25, temperature 0, active blocks, KV reuse, prefill tracking and KV events on, expiry
+// 300 s, approximate TTL 120 s, no queueing, no busy thresholds.
+func DefaultRouterSettings() RouterSettings {
+	return RouterSettings{
+		OverlapScoreCredit:      DefaultOverlapScoreCredit,
+		PrefillLoadScale:        DefaultPrefillLoadScale,
+		HostCacheHitWeight:      DefaultHostCacheHitWeight,
+		DiskCacheHitWeight:      DefaultDiskCacheHitWeight,
+		TrackActiveBlocks:       true,
+		AssumeKVReuse:           true,
+		TrackPrefillTokens:      true,
+		UseKVEvents:             true,
+		ActiveRequestExpirySecs: DefaultActiveRequestExpirySecs,
+		ApproxTTLSecs:           DefaultApproxTTLSecs,
+		MaxTreeSize:             DefaultMaxTreeSize,
+		PruneTargetRatio:        DefaultPruneTargetRatio,
+	}
+}
+
+// PolicyConfig returns the settings as the policies package's RouterConfig, the value a policy
+// factory receives (selection-service.md §17.4).
+func (r RouterSettings) PolicyConfig() policies.RouterConfig {
+	return policies.RouterConfig{
+		OverlapScoreCredit:        r.OverlapScoreCredit,
+		PrefillLoadScale:          r.PrefillLoadScale,
+		RouterTemperature:         r.RouterTemperature,
+		OverlapScoreCreditDecay:   r.OverlapScoreCreditDecay,
+		DecodeActiveRequestWeight: r.DecodeActiveRequestWeight,
+		HostCacheHitWeight:        r.HostCacheHitWeight,
+		DiskCacheHitWeight:        r.DiskCacheHitWeight,
+	}
+}
+
+// validate checks every setting against §19.2 and returns the first violation, naming it.
+func (r RouterSettings) validate() error {
+	nonNeg := []struct {
+		name string
+		v    float64
+	}{
+		{"overlap_score_credit", r.OverlapScoreCredit},
+		{"overlap_score_credit_decay", r.OverlapScoreCreditDecay},
+		{"prefill_load_scale", r.PrefillLoadScale},
+		{"decode_active_request_weight", r.DecodeActiveRequestWeight},
+		{"router_temperature", r.RouterTemperature},
+	}
+	for _, f := range nonNeg {
+		if !finiteNonNeg(f.v) {
+			return fmt.Errorf("%s must be a finite number >= 0, got %v", f.name, f.v)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"host_cache_hit_weight", r.HostCacheHitWeight}, {"disk_cache_hit_weight", r.DiskCacheHitWeight}} {
+		if !(f.v >= 0 && f.v <= 1) {
+			return fmt.Errorf("%s must be between 0 and 1, got %v", f.name, f.v)
+		}
+	}
+	if !(r.ActiveRequestExpirySecs > 0) || math.IsInf(r.ActiveRequestExpirySecs, 0) {
+		return fmt.Errorf("active_request_expiry_secs must be a finite number > 0, got %v", r.ActiveRequestExpirySecs)
+	}
+	if !r.UseKVEvents {
+		if !(r.ApproxTTLSecs > 0) || math.IsInf(r.ApproxTTLSecs, 0) {
+			return fmt.Errorf("router_ttl_secs must be a finite number > 0, got %v", r.ApproxTTLSecs)
+		}
+		if r.MaxTreeSize <= 0 {
+			return fmt.Errorf("max_tree_size must be > 0, got %d", r.MaxTreeSize)
+		}
+		if !(r.PruneTargetRatio > 0 && r.PruneTargetRatio < 1) {
+			return fmt.Errorf("prune_target_ratio must be in (0, 1), got %v", r.PruneTargetRatio)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    *float64
+	}{
+		{"router_queue_threshold", r.QueueThreshold},
+		{"conditional_disagg_prefill_busy_threshold", r.ConditionalDisaggPrefillBusyThreshold},
+		{"conditional_disagg_decode_busy_threshold", r.ConditionalDisaggDecodeBusyThreshold},
+	} {
+		if f.v != nil && !finiteNonNeg(*f.v) {
+			return fmt.Errorf("%s must be a finite number >= 0, got %v", f.name, *f.v)
+		}
+	}
+	return nil
+}
+
+func finiteNonNeg(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
+
+// WorkerEventSpec is what a KVEventSource needs to subscribe to one worker's KV events
+// (kv-events-index.md §5, §13): one ZMQ PUB endpoint per global rank in
+// [DPStartRank, DPStartRank+DPSize), an optional replay endpoint (DPSize 1 only), and the hashing
+// parameters (tokens per block, eagle) of the worker's partition.
+type WorkerEventSpec struct {
+	// WorkerID is the worker.
+	WorkerID uint64
+	// Partition is its partition.
+	Partition PartitionKey
+	// BlockSize is the hashing block size in tokens.
+	BlockSize int
+	// IsEagle selects eagle hashing.
+	IsEagle bool
+	// DPStartRank is the first global rank.
+	DPStartRank uint32
+	// DPSize is the number of ranks.
+	DPSize uint32
+	// Endpoints maps each rank to its ZMQ PUB endpoint.
+	Endpoints map[uint32]string
+	// ReplayEndpoint is the optional ZMQ ROUTER for gap replay.
+	ReplayEndpoint string
+}
+
+// KVEventSource is the KV-event ingestion the core drives when KV events are enabled
+// (selection-service.md §4.1, §4.2). The runner adapts kvindex/kvevents.Manager to it.
+type KVEventSource interface {
+	// AttachWorker starts one listener per rank of spec applying events to idx, or reconciles an
+	// attached worker rank by rank: a rank whose endpoint, replay endpoint, hashing parameters and
+	// index are unchanged keeps its listener, watermark and index rows; a changed rank's old
+	// listener is stopped and its rows cleared (a Cleared event on idx) before its new listener
+	// starts; ranks that left the range are stopped and cleared. On error nothing of this attempt
+	// stays running and the error names the offending rank or endpoint (the worker's reason
+	// becomes "reconciliation failed: <error>"). kvindex/kvevents.Manager.Attach does all this.
+	AttachWorker(spec WorkerEventSpec, idx *kvindex.Index) error
+	// DetachWorker stops every listener of the worker; it does not touch the index.
+	DetachWorker(workerID uint64)
+}
+
+// Config configures a Service. Start from DefaultConfig.
+type Config struct {
+	// Router holds the router settings (§19.2).
+	Router RouterSettings
+	// QueueingEnabled is true when policy classes are configured (§13.1); a non-nil
+	// Router.QueueThreshold enables queueing as well. While enabled, workers need
+	// max_num_batched_tokens to be schedulable.
+	QueueingEnabled bool
+	// Policy builds one policy per partition with worker type "select" (§17.4). Nil selects the
+	// built-in dynamo-default-cost-fn policy (§9), which honours per-request overrides.
+	Policy policies.PolicyFactory
+	// EventSource attaches KV-event listeners; required when Router.UseKVEvents, ignored otherwise.
+	EventSource KVEventSource
+	// Now is the clock (admission times, expiry, approximate TTL); nil = time.Now.
+	Now func() time.Time
+	// RandSource returns a new random source for each partition's picker and for load-only picks;
+	// nil = ChaCha8 seeded from crypto/rand. Tests pass a seeded source for reproducibility.
+	RandSource func() rand.Source
+	// Logger receives catalog and booking diagnostics.
+	Logger zerolog.Logger
+
+	// SelectionCache bounds the pending-selection cache that replays a /select into a booking
+	// (selection-service.md §11). Zero fields take the defaults: TTL 120 s, 4096 entries,
+	// 268,435,456 bytes; negative values are a configuration error.
+	SelectionCache ledger.PendingConfig
+	// SessionAffinityTTL enables session affinity (§12.1) when non-zero: the idle lifetime of a
+	// binding after its last lease is released, 1 s … 31,536,000 s (else New fails).
+	SessionAffinityTTL time.Duration
+	// SessionAffinityMaxEntries caps each partition's affinity table (0 = 65,536); when full, new
+	// sessions route unpinned.
+	SessionAffinityMaxEntries int
+	// ReplicaWriterID identifies this process in session-binding versions (§12.1); 0 = a random
+	// non-zero id.
+	ReplicaWriterID uint64
+	// AffinityPublisher, when non-nil, receives every local binding commit and lease release
+	// (§12.1 replication; the replica-sync transport plugs in here). Expiry publishes nothing.
+	AffinityPublisher AffinityPublisher
+}
+
+// AffinityPublisher receives the session bindings a replica must share (selection-service.md
+// §12.1, §15.3): each commit and each lease release of partition key. Called outside the
+// partition's serialized context or not: implementations must not block.
+type AffinityPublisher interface {
+	// PublishAffinity hands one binding of partition key to the replica transport.
+	PublishAffinity(key PartitionKey, u ledger.AffinityUpdate)
+}
+
+// DefaultConfig returns a Config with DefaultRouterSettings, the built-in policy, the real clock and
+// a disabled logger. KV events are on, so the caller must set EventSource or turn UseKVEvents off.
+func DefaultConfig() Config {
+	return Config{Router: DefaultRouterSettings(), Logger: zerolog.Nop()}
+}
+
+// validate checks the service-level settings beyond the router settings.
+func (c *Config) validate() error {
+	if err := c.Router.validate(); err != nil {
+		return err
+	}
+	if err := c.SelectionCache.Validate(); err != nil {
+		return err
+	}
+	if t := c.SessionAffinityTTL; t != 0 && (t < time.Second || t > ledger.MaxAffinityTTL) {
+		return fmt.Errorf("session_affinity_ttl_secs must be between 1 and 31536000, got %v", t.Seconds())
+	}
+	if c.SessionAffinityMaxEntries < 0 {
+		return fmt.Errorf("session affinity max entries must be >= 0, got %d", c.SessionAffinityMaxEntries)
+	}
+	return nil
+}
+
+func (c *Config) queueing() bool { return c.QueueingEnabled || c.Router.QueueThreshold != nil }
+
+func defaultRandSource() rand.Source {
+	var seed [32]byte
+	if _, err := crand.Read(seed[:]); err != nil {
+		// crypto/rand never fails on supported platforms; fall back to the clock.
+		binary.LittleEndian.PutUint64(seed[:], uint64(time.Now().UnixNano()))
+	}
+	return rand.NewChaCha8(seed)
+}

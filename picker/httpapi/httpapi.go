@@ -1,0 +1,676 @@
+// Package httpapi serves the standalone selection HTTP API (selection-service.md §2-§14) over a
+// picker core: JSON in and out, one table from picker error kinds to status codes, and the §2
+// conventions (415 without application/json, 400 malformed JSON, 422 wrong shape, 413 over
+// 8 MiB, 404 "route not found", 405 "method not allowed", every error {"error": "..."}).
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"reflect"
+	"strconv"
+	"strings"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvepp/kvepp/picker"
+)
+
+// DefaultMaxBodyBytes is the request body limit (selection-service.md §2: 8 MiB). Larger → 413.
+const DefaultMaxBodyBytes = 8 << 20
+
+// PolicyClassHeader names the queue policy family of a selection (§7.1); trimmed, empty ignored.
+const PolicyClassHeader = "x-dynamo-meta-policy-class"
+
+// Core is the part of *picker.Service the HTTP API calls (every route of selection-service.md
+// §2.2 maps onto one method; errors are *picker.Error values mapped by StatusOf).
+type Core interface {
+	// UpsertWorker serves POST /workers (§4.1).
+	UpsertWorker(ctx context.Context, rec picker.WorkerRecord, source picker.Source) (picker.WorkerState, error)
+	// PatchWorker serves PATCH /workers/{worker_id} (§4.3).
+	PatchWorker(ctx context.Context, workerID uint64, patch picker.WorkerPatch) (picker.WorkerState, error)
+	// DeleteWorker serves DELETE /workers/{worker_id} (§4.4).
+	DeleteWorker(ctx context.Context, workerID uint64) (picker.WorkerState, error)
+	// Workers serves GET /workers (§4.5).
+	Workers(model, group string) []picker.WorkerState
+	// Ready serves GET /ready (§5).
+	Ready() picker.ReadyState
+	// Select serves POST /select (§7.2).
+	Select(ctx context.Context, req picker.SelectRequest) (picker.Selection, error)
+	// SelectAndReserve serves POST /select_and_reserve (§7.3).
+	SelectAndReserve(ctx context.Context, req picker.SelectRequest) (picker.Selection, error)
+	// PrefillComplete serves POST /reservations/{id}/prefill_complete (§10.2).
+	PrefillComplete(ctx context.Context, selectionID string) error
+	// OutputBlock serves POST /reservations/{id}/output_block (§10.2).
+	OutputBlock(ctx context.Context, selectionID string, decayFraction *float64) error
+	// Free serves DELETE /reservations/{id} (§10.2).
+	Free(ctx context.Context, selectionID string) error
+	// Loads serves GET /loads (§14.1).
+	Loads(model, group string) []picker.PartitionLoads
+	// ShuttingDown reports shutdown; the reservation lifecycle routes then answer 503 (§2).
+	ShuttingDown() bool
+	// Reserve serves POST /reservations (§10.1).
+	Reserve(ctx context.Context, req picker.ReservationRequest) (picker.Reservation, error)
+	// PotentialLoads serves POST /potential_loads (§14.2).
+	PotentialLoads(req picker.InspectRequest) ([]picker.PotentialLoad, error)
+	// OverlapScores serves POST /overlap_scores (§14.3).
+	OverlapScores(req picker.InspectRequest) (picker.OverlapScores, error)
+	// Dump serves GET /dump (§14.4).
+	Dump() map[string]picker.PartitionDump
+}
+
+var _ Core = (*picker.Service)(nil)
+
+// Options configures the handler.
+type Options struct {
+	// Logger receives 5xx diagnostics.
+	Logger zerolog.Logger
+	// MaxBodyBytes overrides DefaultMaxBodyBytes when > 0.
+	MaxBodyBytes int64
+	// Replica manages the replica-sync peers behind /replica_sync/* (selection-service.md §15.5).
+	// Nil means replica sync is disabled: GET /replica_sync/peers answers [] and register /
+	// deregister answer 409 "replica sync is disabled" (after body validation).
+	Replica ReplicaPeers
+}
+
+// ReplicaPeers is the dynamic replica-sync peer membership (selection-service.md §15.5), provided
+// by the replica-sync transport. Endpoints reach it already validated by ValidateReplicaEndpoint.
+// Errors should be *picker.Error values: KindNotFound "peer not found" (404) from DeregisterPeer,
+// KindNotReady "replica peer manager is unavailable" (503).
+type ReplicaPeers interface {
+	// RegisterPeer adds a peer PUB endpoint; added is false when it was already registered.
+	RegisterPeer(endpoint string) (added bool, err error)
+	// DeregisterPeer removes a peer endpoint.
+	DeregisterPeer(endpoint string) error
+	// Peers returns the configured endpoints, sorted.
+	Peers() []string
+}
+
+// Handler is the selection API's http.Handler.
+type Handler struct {
+	core    Core
+	log     zerolog.Logger
+	maxBody int64
+	replica ReplicaPeers
+}
+
+// New returns the HTTP handler of the selection API over core.
+func New(core Core, opts Options) *Handler {
+	h := &Handler{core: core, log: opts.Logger, maxBody: opts.MaxBodyBytes, replica: opts.Replica}
+	if h.maxBody <= 0 {
+		h.maxBody = DefaultMaxBodyBytes
+	}
+	return h
+}
+
+// statusByKind is the one table from picker error kinds to HTTP statuses (selection-service.md
+// §2.1). Kinds not listed map to 500.
+var statusByKind = map[picker.Kind]int{
+	picker.KindBadRequest:    http.StatusBadRequest,
+	picker.KindUnprocessable: http.StatusUnprocessableEntity,
+	picker.KindNotReady:      http.StatusServiceUnavailable,
+	picker.KindNotFound:      http.StatusNotFound,
+	picker.KindConflict:      http.StatusConflict,
+	picker.KindOverloaded:    http.StatusTooManyRequests,
+	picker.KindInternal:      http.StatusInternalServerError,
+	picker.KindPolicy:        http.StatusInternalServerError,
+}
+
+// StatusOf returns the HTTP status of a picker error (§2.1).
+func StatusOf(err error) int {
+	if st, ok := statusByKind[picker.KindOf(err)]; ok {
+		return st
+	}
+	return http.StatusInternalServerError
+}
+
+type errorBody struct {
+	Error   string `json:"error"`
+	Details any    `json:"details,omitempty"`
+}
+
+type statusBody struct {
+	Status string `json:"status"`
+}
+
+var okBody = statusBody{Status: "ok"}
+
+// ServeHTTP routes the request (§2.2): unknown paths are 404 {"error":"route not found"}, a
+// known path with another method is 405 {"error":"method not allowed"}.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	segs := splitPath(r.URL.EscapedPath())
+	switch {
+	case len(segs) == 1 && segs[0] == "health":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodGet: h.health})
+	case len(segs) == 1 && segs[0] == "ready":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodGet: h.ready})
+	case len(segs) == 1 && segs[0] == "workers":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodPost: h.upsertWorker, http.MethodGet: h.listWorkers})
+	case len(segs) == 2 && segs[0] == "workers":
+		id := segs[1]
+		h.method(w, r, map[string]http.HandlerFunc{
+			http.MethodPatch:  func(w http.ResponseWriter, r *http.Request) { h.patchWorker(w, r, id) },
+			http.MethodDelete: func(w http.ResponseWriter, r *http.Request) { h.deleteWorker(w, r, id) },
+		})
+	case len(segs) == 1 && segs[0] == "select":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodPost: h.selectOnly})
+	case len(segs) == 1 && segs[0] == "select_and_reserve":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodPost: h.selectAndReserve})
+	case len(segs) == 1 && segs[0] == "loads":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodGet: h.loads})
+	case len(segs) == 1 && segs[0] == "reservations":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodPost: h.reserve})
+	case len(segs) == 1 && segs[0] == "potential_loads":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodPost: h.potentialLoads})
+	case len(segs) == 1 && segs[0] == "overlap_scores":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodPost: h.overlapScores})
+	case len(segs) == 1 && segs[0] == "dump":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodGet: h.dump})
+	case len(segs) == 2 && segs[0] == "replica_sync" && segs[1] == "peers":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodGet: h.replicaPeers})
+	case len(segs) == 2 && segs[0] == "replica_sync" && segs[1] == "register_peer":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodPost: h.registerPeer})
+	case len(segs) == 2 && segs[0] == "replica_sync" && segs[1] == "deregister_peer":
+		h.method(w, r, map[string]http.HandlerFunc{http.MethodPost: h.deregisterPeer})
+	case len(segs) == 2 && segs[0] == "reservations":
+		id := segs[1]
+		h.method(w, r, map[string]http.HandlerFunc{
+			http.MethodDelete: func(w http.ResponseWriter, r *http.Request) { h.free(w, r, id) },
+		})
+	case len(segs) == 3 && segs[0] == "reservations" && segs[2] == "prefill_complete":
+		id := segs[1]
+		h.method(w, r, map[string]http.HandlerFunc{
+			http.MethodPost: func(w http.ResponseWriter, r *http.Request) { h.prefillComplete(w, r, id) },
+		})
+	case len(segs) == 3 && segs[0] == "reservations" && segs[2] == "output_block":
+		id := segs[1]
+		h.method(w, r, map[string]http.HandlerFunc{
+			http.MethodPost: func(w http.ResponseWriter, r *http.Request) { h.outputBlock(w, r, id) },
+		})
+	default:
+		writeError(w, http.StatusNotFound, "route not found")
+	}
+}
+
+// splitPath splits an escaped path into unescaped segments; "/a/b" → ["a", "b"]. A segment that
+// does not unescape stays as written.
+func splitPath(p string) []string {
+	p = strings.TrimPrefix(p, "/")
+	if p == "" {
+		return nil
+	}
+	segs := strings.Split(p, "/")
+	for i, s := range segs {
+		if u, err := url.PathUnescape(s); err == nil {
+			segs[i] = u
+		}
+	}
+	return segs
+}
+
+func (h *Handler) method(w http.ResponseWriter, r *http.Request, byMethod map[string]http.HandlerFunc) {
+	if f, ok := byMethod[r.Method]; ok {
+		f(w, r)
+		return
+	}
+	writeError(w, http.StatusMethodNotAllowed, "method not allowed")
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b, _ = json.Marshal(errorBody{Error: "encoding response: " + err.Error()})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, errorBody{Error: msg})
+}
+
+// fail writes a picker error with its mapped status (and details, e.g. the 429 queue body).
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	st := StatusOf(err)
+	body := errorBody{Error: err.Error()}
+	var pe *picker.Error
+	if errors.As(err, &pe) {
+		body.Details = pe.Details
+	}
+	if st >= 500 && st != http.StatusServiceUnavailable {
+		h.log.Error().Err(err).Str("method", r.Method).Str("path", r.URL.Path).Int("status", st).Msg("selection API error")
+	}
+	writeJSON(w, st, body)
+}
+
+// decodeBody enforces the §2 body conventions and decodes the JSON body into v. It writes the
+// error response itself and returns false on failure: 415 without Content-Type application/json,
+// 413 over the limit, 400 malformed JSON, 422 valid JSON of the wrong shape. allowEmpty makes an
+// empty body (with or without a Content-Type) decode as {}.
+func (h *Handler) decodeBody(w http.ResponseWriter, r *http.Request, v any, allowEmpty bool) bool {
+	if !allowEmpty && !isJSON(r.Header.Get("Content-Type")) {
+		writeError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json")
+		return false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", h.maxBody))
+			return false
+		}
+		writeError(w, http.StatusBadRequest, "reading request body: "+err.Error())
+		return false
+	}
+	if allowEmpty && len(strings.TrimSpace(string(body))) == 0 {
+		return true
+	}
+	if !isJSON(r.Header.Get("Content-Type")) {
+		writeError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json")
+		return false
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			writeError(w, http.StatusBadRequest, "malformed JSON: "+err.Error())
+			return false
+		}
+		writeError(w, http.StatusUnprocessableEntity, schemaMessage(err))
+		return false
+	}
+	return true
+}
+
+// isJSON reports whether a Content-Type header names application/json (parameters allowed).
+func isJSON(ct string) bool {
+	if ct == "" {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
+}
+
+// schemaMessage renders a decoding error of well-formed JSON (422).
+func schemaMessage(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		want := te.Type.String()
+		if te.Type == reflect.TypeFor[Hash]() {
+			want = "an integer hash in [-2^63, 2^64-1]"
+		}
+		if te.Field != "" {
+			return fmt.Sprintf("invalid type for field `%s`: got JSON %s, want %s", te.Field, te.Value, want)
+		}
+		return fmt.Sprintf("invalid JSON body: got JSON %s, want %s", te.Value, want)
+	}
+	return "invalid JSON body: " + err.Error()
+}
+
+func (h *Handler) health(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, okBody)
+}
+
+func (h *Handler) ready(w http.ResponseWriter, _ *http.Request) {
+	st := h.core.Ready()
+	if st.Workers == nil {
+		st.Workers = []picker.WorkerState{}
+	}
+	code := http.StatusOK
+	if !st.Ready {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, st)
+}
+
+func (h *Handler) upsertWorker(w http.ResponseWriter, r *http.Request) {
+	var b workerBody
+	if !h.decodeBody(w, r, &b, false) {
+		return
+	}
+	if b.WorkerID == nil {
+		writeError(w, http.StatusUnprocessableEntity, "missing field `worker_id`")
+		return
+	}
+	rec := b.WorkerRecord
+	rec.WorkerID = *b.WorkerID
+	st, err := h.core.UpsertWorker(r.Context(), rec, picker.SourceAPI)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, st)
+}
+
+func (h *Handler) listWorkers(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	ws := h.core.Workers(q.Get("model_name"), q.Get("routing_group"))
+	if ws == nil {
+		ws = []picker.WorkerState{}
+	}
+	writeJSON(w, http.StatusOK, ws)
+}
+
+func parseWorkerID(w http.ResponseWriter, s string) (uint64, bool) {
+	id, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid worker_id")
+		return 0, false
+	}
+	return id, true
+}
+
+func (h *Handler) patchWorker(w http.ResponseWriter, r *http.Request, idStr string) {
+	id, ok := parseWorkerID(w, idStr)
+	if !ok {
+		return
+	}
+	var p picker.WorkerPatch
+	if !h.decodeBody(w, r, &p, false) {
+		return
+	}
+	st, err := h.core.PatchWorker(r.Context(), id, p)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (h *Handler) deleteWorker(w http.ResponseWriter, r *http.Request, idStr string) {
+	id, ok := parseWorkerID(w, idStr)
+	if !ok {
+		return
+	}
+	st, err := h.core.DeleteWorker(r.Context(), id)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// decodeSelect decodes a selection body into a core request (writing the error on failure).
+func (h *Handler) decodeSelect(w http.ResponseWriter, r *http.Request) (picker.SelectRequest, bool) {
+	var b selectBody
+	if !h.decodeBody(w, r, &b, false) {
+		return picker.SelectRequest{}, false
+	}
+	req, err := b.request(strings.TrimSpace(r.Header.Get(PolicyClassHeader)))
+	if err != nil {
+		writeError(w, http.StatusUnprocessableEntity, err.Error())
+		return req, false
+	}
+	return req, true
+}
+
+func (h *Handler) selectOnly(w http.ResponseWriter, r *http.Request) {
+	req, ok := h.decodeSelect(w, r)
+	if !ok {
+		return
+	}
+	sel, err := h.core.Select(r.Context(), req)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toSelectResponse(sel, req.Advisory))
+}
+
+func (h *Handler) selectAndReserve(w http.ResponseWriter, r *http.Request) {
+	req, ok := h.decodeSelect(w, r)
+	if !ok {
+		return
+	}
+	req.Advisory = false // ignored by /select_and_reserve (§7.3)
+	sel, err := h.core.SelectAndReserve(r.Context(), req)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toReserveResponse(sel))
+}
+
+func (h *Handler) loads(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	ls := h.core.Loads(q.Get("model_name"), q.Get("routing_group"))
+	if ls == nil {
+		ls = []picker.PartitionLoads{}
+	}
+	writeJSON(w, http.StatusOK, ls)
+}
+
+// shuttingDown rejects a reservation lifecycle call after shutdown began (§2: every mutating call
+// except DELETE /workers/{id} returns 503; the in-process core keeps these working for ext_proc).
+func (h *Handler) shuttingDown(w http.ResponseWriter) bool {
+	if h.core.ShuttingDown() {
+		writeError(w, http.StatusServiceUnavailable, "selection service is shutting down")
+		return true
+	}
+	return false
+}
+
+func (h *Handler) prefillComplete(w http.ResponseWriter, r *http.Request, id string) {
+	if h.shuttingDown(w) {
+		return
+	}
+	if err := h.core.PrefillComplete(r.Context(), id); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, okBody)
+}
+
+func (h *Handler) outputBlock(w http.ResponseWriter, r *http.Request, id string) {
+	if h.shuttingDown(w) {
+		return
+	}
+	var b outputBlockBody
+	if !h.decodeBody(w, r, &b, true) {
+		return
+	}
+	if err := h.core.OutputBlock(r.Context(), id, b.DecayFraction); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, okBody)
+}
+
+func (h *Handler) free(w http.ResponseWriter, r *http.Request, id string) {
+	if h.shuttingDown(w) {
+		return
+	}
+	if err := h.core.Free(r.Context(), id); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, okBody)
+}
+
+func (h *Handler) reserve(w http.ResponseWriter, r *http.Request) {
+	var b reservationBody
+	if !h.decodeBody(w, r, &b, false) {
+		return
+	}
+	req, err := b.request()
+	if err != nil {
+		writeError(w, http.StatusUnprocessableEntity, err.Error())
+		return
+	}
+	res, err := h.core.Reserve(r.Context(), req)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, res)
+}
+
+// decodeInspect decodes a /potential_loads or /overlap_scores body (writing the error on failure).
+func (h *Handler) decodeInspect(w http.ResponseWriter, r *http.Request) (picker.InspectRequest, bool) {
+	var b inspectBody
+	if !h.decodeBody(w, r, &b, false) {
+		return picker.InspectRequest{}, false
+	}
+	pr, err := b.prompt()
+	if err != nil {
+		writeError(w, http.StatusUnprocessableEntity, err.Error())
+		return picker.InspectRequest{}, false
+	}
+	return picker.InspectRequest{ModelName: b.ModelName, RoutingGroup: b.RoutingGroup, Prompt: pr, Override: b.RouterConfigOverride}, true
+}
+
+func (h *Handler) potentialLoads(w http.ResponseWriter, r *http.Request) {
+	req, ok := h.decodeInspect(w, r)
+	if !ok {
+		return
+	}
+	rows, err := h.core.PotentialLoads(req)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if rows == nil {
+		rows = []picker.PotentialLoad{}
+	}
+	writeJSON(w, http.StatusOK, rows)
+}
+
+func (h *Handler) overlapScores(w http.ResponseWriter, r *http.Request) {
+	req, ok := h.decodeInspect(w, r)
+	if !ok {
+		return
+	}
+	res, err := h.core.OverlapScores(req)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+func (h *Handler) dump(w http.ResponseWriter, _ *http.Request) {
+	d := h.core.Dump()
+	if d == nil {
+		d = map[string]picker.PartitionDump{}
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// errReplicaDisabled is the 409 of the replica routes without replica sync (§15.5).
+const errReplicaDisabled = "replica sync is disabled"
+
+func (h *Handler) replicaPeers(w http.ResponseWriter, _ *http.Request) {
+	peers := []string{}
+	if h.replica != nil {
+		if ps := h.replica.Peers(); ps != nil {
+			peers = ps
+		}
+	}
+	writeJSON(w, http.StatusOK, peers)
+}
+
+// decodePeer decodes and validates a replica peer body: 415/413/400/422 as every body, then 400
+// for an invalid endpoint (§15.5), before any check of whether replica sync is enabled.
+func (h *Handler) decodePeer(w http.ResponseWriter, r *http.Request) (string, bool) {
+	var b peerBody
+	if !h.decodeBody(w, r, &b, false) {
+		return "", false
+	}
+	if b.Endpoint == nil {
+		writeError(w, http.StatusUnprocessableEntity, "missing field `endpoint`")
+		return "", false
+	}
+	if err := ValidateReplicaEndpoint(*b.Endpoint); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return "", false
+	}
+	return *b.Endpoint, true
+}
+
+func (h *Handler) registerPeer(w http.ResponseWriter, r *http.Request) {
+	ep, ok := h.decodePeer(w, r)
+	if !ok {
+		return
+	}
+	if h.replica == nil {
+		writeError(w, http.StatusConflict, errReplicaDisabled)
+		return
+	}
+	added, err := h.replica.RegisterPeer(ep)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	st := http.StatusOK
+	if added {
+		st = http.StatusCreated
+	}
+	writeJSON(w, st, okBody)
+}
+
+func (h *Handler) deregisterPeer(w http.ResponseWriter, r *http.Request) {
+	ep, ok := h.decodePeer(w, r)
+	if !ok {
+		return
+	}
+	if h.replica == nil {
+		writeError(w, http.StatusConflict, errReplicaDisabled)
+		return
+	}
+	if err := h.replica.DeregisterPeer(ep); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, okBody)
+}
+
+// ValidateReplicaEndpoint checks a replica-sync peer endpoint (selection-service.md §15.5):
+// scheme://address with scheme tcp, ipc or inproc and a non-empty address; tcp needs a non-empty
+// host and a u16 port after the last ':', and an IPv6 host must be bracketed
+// ("tcp://[::1]:9092"). The error names the endpoint.
+func ValidateReplicaEndpoint(ep string) error {
+	scheme, addr, ok := strings.Cut(ep, "://")
+	if !ok {
+		return fmt.Errorf("invalid endpoint %q: expected scheme://address", ep)
+	}
+	switch scheme {
+	case "ipc", "inproc":
+		if addr == "" {
+			return fmt.Errorf("invalid endpoint %q: empty address", ep)
+		}
+		return nil
+	case "tcp":
+	default:
+		return fmt.Errorf("invalid endpoint %q: scheme must be tcp, ipc or inproc", ep)
+	}
+	i := strings.LastIndexByte(addr, ':')
+	if i < 0 {
+		return fmt.Errorf("invalid endpoint %q: tcp endpoints need host:port", ep)
+	}
+	host, port := addr[:i], addr[i+1:]
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("invalid endpoint %q: port %q is not an integer in 0..65535", ep, port)
+	}
+	if host == "" {
+		return fmt.Errorf("invalid endpoint %q: empty host", ep)
+	}
+	bracketed := strings.HasPrefix(host, "[") || strings.HasSuffix(host, "]")
+	if bracketed {
+		inner, ok := strings.CutPrefix(host, "[")
+		if inner, ok2 := strings.CutSuffix(inner, "]"); !ok || !ok2 || inner == "" || strings.ContainsAny(inner, "[]") {
+			return fmt.Errorf("invalid endpoint %q: malformed bracketed host", ep)
+		}
+		return nil
+	}
+	if strings.Contains(host, ":") {
+		return fmt.Errorf("invalid endpoint %q: IPv6 hosts must be bracketed", ep)
+	}
+	return nil
+}

@@ -1,0 +1,420 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strconv"
+
+	"github.com/kvepp/kvepp/picker"
+)
+
+// Hash is a block or sequence hash on the wire (selection-service.md §2): emitted as the
+// two's-complement int64 of the u64 value, accepted as any JSON integer in [-2^63, 2^64-1] (values
+// ≥ 2^63 are the same 64 bits).
+type Hash uint64
+
+// MarshalJSON emits the hash as a signed 64-bit integer.
+func (h Hash) MarshalJSON() ([]byte, error) {
+	return strconv.AppendInt(nil, int64(h), 10), nil
+}
+
+// UnmarshalJSON accepts an integer in [-2^63, 2^64-1]; anything else (fractions, exponents,
+// strings, null, out of range) is a *json.UnmarshalTypeError naming the value (the decoder adds
+// the field, e.g. "block_hashes"), which the API reports as 422.
+func (h *Hash) UnmarshalJSON(b []byte) error {
+	s := string(b)
+	if len(s) > 0 && s[0] == '-' {
+		if v, err := strconv.ParseInt(s, 10, 64); err == nil {
+			*h = Hash(uint64(v))
+			return nil
+		}
+	} else if v, err := strconv.ParseUint(s, 10, 64); err == nil {
+		*h = Hash(v)
+		return nil
+	}
+	return &json.UnmarshalTypeError{Value: "value " + truncate(s, 40), Type: reflect.TypeFor[Hash]()}
+}
+
+// truncate shortens s to at most n bytes for error messages.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+func hashesIn(hs []Hash) []uint64 {
+	if hs == nil {
+		return nil
+	}
+	out := make([]uint64, len(hs))
+	for i, h := range hs {
+		out[i] = uint64(h)
+	}
+	return out
+}
+
+func hashesOut(hs []uint64) []Hash {
+	out := make([]Hash, len(hs))
+	for i, h := range hs {
+		out[i] = Hash(h)
+	}
+	return out
+}
+
+// tokenList is a JSON array of u32 token ids, decoded without reflection (prompts are the bulk of
+// every selection body). null leaves it nil; anything but an array of integers in [0, 2^32-1] is
+// a *json.UnmarshalTypeError (422).
+type tokenList []uint32
+
+// UnmarshalJSON implements json.Unmarshaler for an already syntax-checked JSON value.
+func (t *tokenList) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	bad := func(v string) error {
+		return &json.UnmarshalTypeError{Value: "value " + truncate(v, 40), Type: reflect.TypeFor[uint32]()}
+	}
+	if len(b) < 2 || b[0] != '[' {
+		return bad(string(b))
+	}
+	out := make([]uint32, 0, len(b)/4)
+	i := 1
+	skip := func() {
+		for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+			i++
+		}
+	}
+	skip()
+	if i < len(b) && b[i] == ']' {
+		*t = out
+		return nil
+	}
+	for i < len(b) {
+		skip()
+		start := i
+		var v uint64
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			v = v*10 + uint64(b[i]-'0')
+			if v > 1<<32-1 {
+				return bad(string(b[start:min(i+1, len(b))]))
+			}
+			i++
+		}
+		if i == start || (b[start] == '0' && i-start > 1) {
+			end := start
+			for end < len(b) && b[end] != ',' && b[end] != ']' {
+				end++
+			}
+			return bad(string(b[start:end]))
+		}
+		skip()
+		if i >= len(b) {
+			break
+		}
+		out = append(out, uint32(v))
+		switch b[i] {
+		case ',':
+			i++
+			continue
+		case ']':
+			*t = out
+			return nil
+		}
+		end := i
+		for end < len(b) && b[end] != ',' && b[end] != ']' {
+			end++
+		}
+		return bad(string(b[start:end]))
+	}
+	return bad(string(b))
+}
+
+// mmObject is one multimodal item of a block (§6.1).
+type mmObject struct {
+	MMHash *Hash `json:"mm_hash"`
+}
+
+// blockMMInfo is one entry of block_mm_infos: null or {"mm_objects":[{"mm_hash":u64}, …]}.
+type blockMMInfo struct {
+	MMObjects []mmObject `json:"mm_objects"`
+}
+
+// mmRoutingInfo is mm_routing_info (§6.1).
+type mmRoutingInfo struct {
+	RoutingTokenIDs tokenList      `json:"routing_token_ids"`
+	BlockMMInfos    []*blockMMInfo `json:"block_mm_infos"`
+}
+
+// promptBody is the prompt part shared by the selection routes (§6).
+type promptBody struct {
+	TokenIDs       tokenList      `json:"token_ids"`
+	MMRoutingInfo  *mmRoutingInfo `json:"mm_routing_info"`
+	BlockMMInfos   []*blockMMInfo `json:"block_mm_infos"`
+	LoraName       string         `json:"lora_name"`
+	CacheSalt      string         `json:"cache_salt"`
+	IsEagle        *bool          `json:"is_eagle"`
+	BlockHashes    []Hash         `json:"block_hashes"`
+	SequenceHashes []Hash         `json:"sequence_hashes"`
+	ISLTokens      *uint64        `json:"isl_tokens"`
+}
+
+// prompt converts the body to the core's Prompt: token form when token_ids is present (or
+// mm_routing_info.routing_token_ids is non-empty, which then replaces token_ids), else hash form.
+func (b *promptBody) prompt() (picker.Prompt, error) {
+	p := picker.Prompt{LoraName: b.LoraName, CacheSalt: b.CacheSalt, IsEagle: b.IsEagle}
+	var routing []uint32
+	infos := b.BlockMMInfos
+	if b.MMRoutingInfo != nil {
+		routing = b.MMRoutingInfo.RoutingTokenIDs
+		if b.MMRoutingInfo.BlockMMInfos != nil {
+			infos = b.MMRoutingInfo.BlockMMInfos
+		}
+	}
+	if b.TokenIDs == nil && len(routing) == 0 {
+		p.HashForm = true
+		p.BlockHashes = hashesIn(b.BlockHashes)
+		p.SequenceHashes = hashesIn(b.SequenceHashes)
+		if b.ISLTokens != nil {
+			p.ISLTokens = *b.ISLTokens
+			p.ISLTokensSet = true
+		}
+		return p, nil
+	}
+	p.TokenIDs = b.TokenIDs
+	if len(routing) > 0 {
+		p.TokenIDs = routing
+	}
+	if infos != nil {
+		p.BlockMMHashes = make([][]uint64, len(infos))
+		for i, info := range infos {
+			if info == nil {
+				continue
+			}
+			for j, o := range info.MMObjects {
+				if o.MMHash == nil {
+					return p, fmt.Errorf("missing field `mm_hash` in block_mm_infos[%d].mm_objects[%d]", i, j)
+				}
+				p.BlockMMHashes[i] = append(p.BlockMMHashes[i], uint64(*o.MMHash))
+			}
+		}
+	}
+	return p, nil
+}
+
+// workerRankBody is {worker_id, dp_rank?} (affinity_target, pinned_worker).
+type workerRankBody struct {
+	WorkerID *uint64 `json:"worker_id"`
+	DPRank   *uint32 `json:"dp_rank"`
+}
+
+// sessionContextBody is session_context (§12.2).
+type sessionContextBody struct {
+	SessionID       *string                `json:"session_id"`
+	ParentSessionID string                 `json:"parent_session_id"`
+	SessionFinal    bool                   `json:"session_final"`
+	InputTrigger    string                 `json:"input_trigger"`
+	AgentHeaders    map[string][]string    `json:"agent_headers"`
+	KVHints         *picker.SessionKVHints `json:"kv_hints"`
+}
+
+// selectBody is the body of POST /select and POST /select_and_reserve (§7.1).
+type selectBody struct {
+	promptBody
+	ModelName            string                       `json:"model_name"`
+	RoutingGroup         string                       `json:"routing_group"`
+	SelectionID          string                       `json:"selection_id"`
+	RouterConfigOverride *picker.RouterConfigOverride `json:"router_config_override"`
+	ExpectedOutputTokens *uint32                      `json:"expected_output_tokens"`
+	PriorityJump         float64                      `json:"priority_jump"`
+	StrictPriority       uint32                       `json:"strict_priority"`
+	SessionID            *string                      `json:"session_id"`
+	SessionContext       *sessionContextBody          `json:"session_context"`
+	AffinityTarget       *workerRankBody              `json:"affinity_target"`
+	PinnedWorker         *workerRankBody              `json:"pinned_worker"`
+	AllowedWorkerIDs     []uint64                     `json:"allowed_worker_ids"`
+	RoutingConstraints   *picker.RoutingConstraints   `json:"routing_constraints"`
+	Advisory             bool                         `json:"advisory"`
+}
+
+// request converts the body to a SelectRequest; errors are schema errors (422).
+func (b *selectBody) request(policyClass string) (picker.SelectRequest, error) {
+	pr, err := b.prompt()
+	if err != nil {
+		return picker.SelectRequest{}, err
+	}
+	req := picker.SelectRequest{
+		ModelName:            b.ModelName,
+		RoutingGroup:         b.RoutingGroup,
+		SelectionID:          b.SelectionID,
+		Prompt:               pr,
+		Override:             b.RouterConfigOverride,
+		ExpectedOutputTokens: b.ExpectedOutputTokens,
+		PriorityJump:         b.PriorityJump,
+		StrictPriority:       b.StrictPriority,
+		AllowedWorkerIDs:     b.AllowedWorkerIDs,
+		AllowedSet:           b.AllowedWorkerIDs != nil,
+		Advisory:             b.Advisory,
+		PolicyClass:          policyClass,
+	}
+	if b.RoutingConstraints != nil {
+		req.RoutingConstraints = *b.RoutingConstraints
+	}
+	switch {
+	case b.SessionContext != nil:
+		sc := b.SessionContext
+		if sc.SessionID == nil {
+			return req, fmt.Errorf("missing field `session_id` in session_context")
+		}
+		req.Session = &picker.SessionContext{
+			SessionID: *sc.SessionID, ParentSessionID: sc.ParentSessionID, SessionFinal: sc.SessionFinal,
+			InputTrigger: sc.InputTrigger, AgentHeaders: sc.AgentHeaders, KVHints: sc.KVHints,
+		}
+	case b.SessionID != nil:
+		req.Session = &picker.SessionContext{SessionID: *b.SessionID}
+	}
+	if t := b.AffinityTarget; t != nil {
+		if t.WorkerID == nil {
+			return req, fmt.Errorf("missing field `worker_id` in affinity_target")
+		}
+		req.AffinityTarget = &picker.AffinityTarget{WorkerID: *t.WorkerID, DPRank: t.DPRank}
+	}
+	if p := b.PinnedWorker; p != nil {
+		if p.WorkerID == nil {
+			return req, fmt.Errorf("missing field `worker_id` in pinned_worker")
+		}
+		if p.DPRank == nil {
+			return req, fmt.Errorf("missing field `dp_rank` in pinned_worker")
+		}
+		req.PinnedWorker = &picker.WorkerRank{WorkerID: *p.WorkerID, DPRank: *p.DPRank}
+	}
+	return req, nil
+}
+
+// selectResponse is the /select response (§7.4): no booking fields; selection_id only when
+// supplied; worker_load only for advisory selects.
+type selectResponse struct {
+	SelectionID            string             `json:"selection_id,omitempty"`
+	ModelName              string             `json:"model_name"`
+	RoutingGroup           string             `json:"routing_group"`
+	WorkerID               uint64             `json:"worker_id"`
+	DPRank                 uint32             `json:"dp_rank"`
+	Endpoint               string             `json:"endpoint"`
+	BlockSize              uint32             `json:"block_size"`
+	Overlap                picker.Overlap     `json:"overlap"`
+	EffectivePrefillTokens uint64             `json:"effective_prefill_tokens"`
+	PotentialDecodeBlocks  uint64             `json:"potential_decode_blocks"`
+	DecodeBusy             *bool              `json:"decode_busy,omitempty"`
+	WorkerLoad             *picker.WorkerLoad `json:"worker_load,omitempty"`
+}
+
+// reserveResponse is the /select_and_reserve response (§7.4): booking fields first, as in the
+// reference example, then the selection fields and an optional kv_hint.
+type reserveResponse struct {
+	SelectionID            string         `json:"selection_id"`
+	SequenceHashes         []Hash         `json:"sequence_hashes"`
+	ISLTokens              uint64         `json:"isl_tokens"`
+	TrackPrefillTokens     bool           `json:"track_prefill_tokens"`
+	ModelName              string         `json:"model_name"`
+	RoutingGroup           string         `json:"routing_group"`
+	WorkerID               uint64         `json:"worker_id"`
+	DPRank                 uint32         `json:"dp_rank"`
+	Endpoint               string         `json:"endpoint"`
+	BlockSize              uint32         `json:"block_size"`
+	Overlap                picker.Overlap `json:"overlap"`
+	EffectivePrefillTokens uint64         `json:"effective_prefill_tokens"`
+	PotentialDecodeBlocks  uint64         `json:"potential_decode_blocks"`
+	DecodeBusy             *bool          `json:"decode_busy,omitempty"`
+	KVHint                 *picker.KVHint `json:"kv_hint,omitempty"`
+}
+
+func overlapOut(o picker.Overlap) picker.Overlap {
+	if o.DP == nil {
+		o.DP = map[string]uint64{}
+	}
+	return o
+}
+
+func toSelectResponse(sel picker.Selection, advisory bool) selectResponse {
+	r := selectResponse{
+		SelectionID: sel.SelectionID, ModelName: sel.ModelName, RoutingGroup: sel.RoutingGroup,
+		WorkerID: sel.WorkerID, DPRank: sel.DPRank, Endpoint: sel.Endpoint, BlockSize: sel.BlockSize,
+		Overlap: overlapOut(sel.Overlap), EffectivePrefillTokens: sel.EffectivePrefillTokens,
+		PotentialDecodeBlocks: sel.PotentialDecodeBlocks, DecodeBusy: sel.DecodeBusy,
+	}
+	if advisory {
+		r.WorkerLoad = sel.WorkerLoad
+	}
+	return r
+}
+
+func toReserveResponse(sel picker.Selection) reserveResponse {
+	return reserveResponse{
+		SelectionID: sel.SelectionID, SequenceHashes: hashesOut(sel.SequenceHashes), ISLTokens: sel.ISLTokens,
+		TrackPrefillTokens: sel.TrackPrefillTokens, ModelName: sel.ModelName, RoutingGroup: sel.RoutingGroup,
+		WorkerID: sel.WorkerID, DPRank: sel.DPRank, Endpoint: sel.Endpoint, BlockSize: sel.BlockSize,
+		Overlap: overlapOut(sel.Overlap), EffectivePrefillTokens: sel.EffectivePrefillTokens,
+		PotentialDecodeBlocks: sel.PotentialDecodeBlocks, DecodeBusy: sel.DecodeBusy, KVHint: sel.KVHint,
+	}
+}
+
+// workerBody is POST /workers: the record with worker_id required.
+type workerBody struct {
+	picker.WorkerRecord
+	WorkerID *uint64 `json:"worker_id"`
+}
+
+// outputBlockBody is POST /reservations/{id}/output_block (§10.2).
+type outputBlockBody struct {
+	DecayFraction *float64 `json:"decay_fraction"`
+}
+
+// reservationBody is POST /reservations (§10.1): selection_id is required; worker_id selects the
+// explicit form, whose prompt and booking fields are read.
+type reservationBody struct {
+	promptBody
+	ModelName              string                       `json:"model_name"`
+	RoutingGroup           string                       `json:"routing_group"`
+	SelectionID            *string                      `json:"selection_id"`
+	WorkerID               *uint64                      `json:"worker_id"`
+	DPRank                 *uint32                      `json:"dp_rank"`
+	RouterConfigOverride   *picker.RouterConfigOverride `json:"router_config_override"`
+	ExpectedOutputTokens   *uint32                      `json:"expected_output_tokens"`
+	EffectivePrefillTokens *uint64                      `json:"effective_prefill_tokens"`
+	TrackPrefillTokens     *bool                        `json:"track_prefill_tokens"`
+}
+
+// request converts the body to a ReservationRequest; errors are schema errors (422).
+func (b *reservationBody) request() (picker.ReservationRequest, error) {
+	if b.SelectionID == nil {
+		return picker.ReservationRequest{}, fmt.Errorf("missing field `selection_id`")
+	}
+	req := picker.ReservationRequest{ModelName: b.ModelName, RoutingGroup: b.RoutingGroup, SelectionID: *b.SelectionID}
+	if b.WorkerID == nil {
+		return req, nil // cached replay: every other field is ignored (§10.1)
+	}
+	pr, err := b.prompt()
+	if err != nil {
+		return req, err
+	}
+	req.WorkerID, req.DPRank, req.Prompt = b.WorkerID, b.DPRank, pr
+	req.Override = b.RouterConfigOverride
+	req.ExpectedOutputTokens = b.ExpectedOutputTokens
+	req.EffectivePrefillTokens = b.EffectivePrefillTokens
+	req.TrackPrefillTokens = b.TrackPrefillTokens
+	return req, nil
+}
+
+// inspectBody is POST /potential_loads and POST /overlap_scores (§14.2, §14.3).
+type inspectBody struct {
+	promptBody
+	ModelName            string                       `json:"model_name"`
+	RoutingGroup         string                       `json:"routing_group"`
+	RouterConfigOverride *picker.RouterConfigOverride `json:"router_config_override"`
+}
+
+// peerBody is POST /replica_sync/register_peer and /deregister_peer (§15.5).
+type peerBody struct {
+	Endpoint *string `json:"endpoint"`
+}

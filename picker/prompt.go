@@ -1,0 +1,84 @@
+package picker
+
+import (
+	"math/rand/v2"
+
+	"github.com/kvepp/kvepp/kvindex"
+)
+
+// normPrompt is a request's prompt after normalisation (selection-service.md §6).
+type normPrompt struct {
+	// local are the local block hashes (index lookups, approximate recording); recordable is false
+	// for a hash-form prompt without block_hashes.
+	local      []uint64
+	recordable bool
+	// seq are the tracking hashes booked as active blocks.
+	seq []uint64
+	// isl is the input length in tokens.
+	isl uint64
+}
+
+// validateHashForm applies the §6.3 checks to a hash-form prompt (400 messages, in table order).
+// Token-form prompts pass (their checks need the partition's block size).
+func validateHashForm(pr *Prompt) error {
+	if !pr.HashForm {
+		return nil
+	}
+	switch {
+	case pr.BlockHashes == nil:
+		return Errorf(KindBadRequest, "block_hashes is required without token_ids")
+	case pr.SequenceHashes == nil:
+		return Errorf(KindBadRequest, "sequence_hashes is required without token_ids")
+	case !pr.ISLTokensSet && pr.ISLTokens == 0:
+		return Errorf(KindBadRequest, "isl_tokens is required without token_ids")
+	case pr.ISLTokens == 0:
+		return Errorf(KindBadRequest, "isl_tokens must be greater than 0")
+	case len(pr.BlockHashes) != len(pr.SequenceHashes):
+		return Errorf(KindBadRequest, "block_hashes length %d must match sequence_hashes length %d",
+			len(pr.BlockHashes), len(pr.SequenceHashes))
+	}
+	return nil
+}
+
+// normalizePrompt turns pr into lookup and tracking hashes for a partition with block size bs and
+// eagle hashing eagle (§6.1, §6.2; kv-events-index.md §1-§3). Token form: local hashes salted with
+// lora_name/cache_salt (and the per-block mm hashes), tracking hashes = the sequence-hash chain,
+// or fresh random u64 per block when assumeReuse is false, isl = number of tokens. Hash form: used
+// as given. Errors: KindBadRequest with the §6.3 messages, "token_ids must not be empty".
+func normalizePrompt(pr *Prompt, bs uint32, eagle bool, assumeReuse bool) (normPrompt, error) {
+	if pr.HashForm {
+		if err := validateHashForm(pr); err != nil {
+			return normPrompt{}, err
+		}
+		return normPrompt{local: pr.BlockHashes, recordable: true, seq: pr.SequenceHashes, isl: pr.ISLTokens}, nil
+	}
+	if len(pr.TokenIDs) == 0 {
+		return normPrompt{}, Errorf(KindBadRequest, "token_ids must not be empty")
+	}
+	if pr.IsEagle != nil {
+		eagle = *pr.IsEagle
+	}
+	seed := kvindex.Seed(pr.LoraName, pr.CacheSalt)
+	var local []uint64
+	if eagle {
+		local = kvindex.EagleBlockHashes(pr.TokenIDs, int(bs), seed, pr.BlockMMHashes)
+	} else {
+		local = kvindex.AppendBlockHashes(nil, pr.TokenIDs, int(bs), seed, pr.BlockMMHashes)
+	}
+	np := normPrompt{local: local, recordable: true, isl: uint64(len(pr.TokenIDs))}
+	if assumeReuse {
+		np.seq = kvindex.SequenceHashes(local)
+	} else if len(local) > 0 {
+		np.seq = make([]uint64, len(local))
+		for i := range np.seq {
+			np.seq[i] = rand.Uint64()
+		}
+	}
+	if np.seq == nil {
+		np.seq = []uint64{}
+	}
+	if np.local == nil {
+		np.local = []uint64{}
+	}
+	return np, nil
+}
