@@ -382,7 +382,10 @@ func (pc *approxCand) pushFront(e *approxEntry) {
 // pruning is deterministic).
 type expiryHeap []*approxEntry
 
+// Len is heap.Interface: the number of entries.
 func (h expiryHeap) Len() int { return len(h) }
+
+// Less is heap.Interface: entry i expires before j (ties: deeper, then candidate, then hash).
 func (h expiryHeap) Less(i, j int) bool {
 	a, b := h[i], h[j]
 	if a.expiry != b.expiry {
@@ -396,16 +399,22 @@ func (h expiryHeap) Less(i, j int) bool {
 	}
 	return a.ext < b.ext
 }
+
+// Swap is heap.Interface; it keeps each entry's heapIdx in step.
 func (h expiryHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].heapIdx = i
 	h[j].heapIdx = j
 }
+
+// Push is heap.Interface: appends an *approxEntry.
 func (h *expiryHeap) Push(x any) {
 	e := x.(*approxEntry)
 	e.heapIdx = len(*h)
 	*h = append(*h, e)
 }
+
+// Pop is heap.Interface: removes and returns the last entry, marking it out of the heap.
 func (h *expiryHeap) Pop() any {
 	old := *h
 	e := old[len(old)-1]

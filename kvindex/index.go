@@ -3,7 +3,6 @@ package kvindex
 import (
 	"fmt"
 	"math/bits"
-	"slices"
 	"sync"
 )
 
@@ -45,8 +44,8 @@ type Index struct {
 	nwords    int         // bitset words covering the highest allocated slot
 	lowerBits []uint64    // bitset of slots with at least one lower-tier edge
 
-	st      Stats    // counters; Candidates and the entry counts are maintained in place
-	scratch []uint64 // duplicate detection for long stores (write lock held)
+	st   Stats   // counters; Candidates and the entry counts are maintained in place
+	dups hashSet // duplicate detection for long stores (write lock held)
 
 	// onDrop, when set, is called (write lock held) whenever a device entry leaves a candidate's
 	// lookup table; approximate mode keeps its expiry bookkeeping in step through it.
@@ -159,19 +158,55 @@ func (ix *Index) checkStore(c Candidate, ev Event) error {
 		}
 		return nil
 	}
-	s := ix.scratch[:0]
+	ix.dups.reset(len(blocks))
 	for _, b := range blocks {
-		s = append(s, b.BlockHash)
-	}
-	ix.scratch = s
-	slices.Sort(s)
-	for i := 1; i < len(s); i++ {
-		if s[i] == s[i-1] {
+		if !ix.dups.add(b.BlockHash) {
 			return fmt.Errorf("%v event %d: block hash %d appears twice in one store: %w",
-				c, ev.EventID, s[i], ErrInvalidBlockSequence)
+				c, ev.EventID, b.BlockHash, ErrInvalidBlockSequence)
 		}
 	}
 	return nil
+}
+
+// hashSet is a reusable open-addressing set of u64 keys for duplicate detection in long stores.
+// Slots are valid only when their stamp equals the current generation, so reset is O(1) unless
+// the table must grow.
+type hashSet struct {
+	keys  []uint64
+	stamp []uint32
+	gen   uint32
+	shift uint8 // 64 − log2(table size)
+}
+
+// reset empties the set and sizes it for n keys (load factor ≤ 1/2).
+func (h *hashSet) reset(n int) {
+	size := 16
+	for size < 2*n {
+		size *= 2
+	}
+	if len(h.keys) < size {
+		h.keys, h.stamp, h.gen = make([]uint64, size), make([]uint32, size), 0
+	}
+	h.shift = uint8(64 - bits.TrailingZeros(uint(size)))
+	h.gen++
+	if h.gen == 0 {
+		clear(h.stamp)
+		h.gen = 1
+	}
+}
+
+// add inserts k and reports false when it was already present.
+func (h *hashSet) add(k uint64) bool {
+	mask := uint64(1)<<(64-h.shift) - 1
+	for i := (k * 0x9e3779b97f4a7c15) >> h.shift; ; i = (i + 1) & mask {
+		if h.stamp[i] != h.gen {
+			h.stamp[i], h.keys[i] = h.gen, k
+			return true
+		}
+		if h.keys[i] == k {
+			return false
+		}
+	}
 }
 
 // storeDevice applies a validated device-tier Stored event (§11.2).
@@ -400,6 +435,22 @@ type Match struct {
 
 // Blocks returns the candidate's total matched blocks over all tiers.
 func (m Match) Blocks() uint32 { return m.Device + m.HostExt + m.DiskExt + m.ExternalExt }
+
+// CumulativeTokens returns the match's cumulative tiered overlap in tokens for a partition of
+// blockSize tokens per block (kv-events-index.md §12.3, Mooncake tier semantics):
+// gpu = Device×bs, cpu = gpu + HostExt×bs, disk = cpu + (DiskExt + ExternalExt)×bs, so
+// gpu ≤ cpu ≤ disk always holds and the external tier folds into disk. A blockSize <= 0 yields
+// zeros.
+func (m Match) CumulativeTokens(blockSize int) (gpu, cpu, disk uint64) {
+	if blockSize <= 0 {
+		return 0, 0, 0
+	}
+	bs := uint64(blockSize)
+	gpu = uint64(m.Device) * bs
+	cpu = gpu + uint64(m.HostExt)*bs
+	disk = cpu + (uint64(m.DiskExt)+uint64(m.ExternalExt))*bs
+	return gpu, cpu, disk
+}
 
 // FindMatches appends to dst one Match for every candidate that matched at least one block of
 // localHashes (local block hashes, §1) in any tier, and returns the extended slice. It walks with

@@ -1,11 +1,15 @@
 package kvevents_test
 
 import (
+	"encoding/binary"
+	"encoding/json"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/kvindex/kvevents"
 	kt "github.com/kvepp/kvepp/kvindex/kvevents/kveventstest"
 )
@@ -113,6 +117,126 @@ func FuzzDecodeBatch(f *testing.F) {
 		}
 		if d := cmp.Diff(validMeaning(b), validMeaning(again), cmpopts.EquateEmpty(), cmpopts.EquateNaNs()); d != "" {
 			t.Fatalf("meaning changed by a round trip (-first +second):\n%s", d)
+		}
+	})
+}
+
+// framePayloads joins payloads as the input of FuzzApplyDecodedBatches: each is prefixed by its
+// length as a 2-byte big-endian integer.
+func framePayloads(payloads ...[]byte) []byte {
+	var out []byte
+	for _, p := range payloads {
+		out = binary.BigEndian.AppendUint16(out, uint16(len(p)))
+		out = append(out, p...)
+	}
+	return out
+}
+
+// pipelineSeeds are event streams for FuzzApplyDecodedBatches: chains across batches with
+// namespaces, LoRA, multimodal keys, lower tiers, removals, clears and a dp_rank override.
+func pipelineSeeds() [][]byte {
+	r1 := uint32(1)
+	return [][]byte{
+		framePayloads(
+			kt.Batch{Events: []kt.Event{storeChain(1, 0, 2).WithCacheSalt("tenant")}}.Encode(),
+			kt.Batch{Events: []kt.Event{storeChain(1, 2, 4), storeChain(1, 4, 5).WithMedium("CPU")}}.Encode(),
+			kt.Batch{Events: []kt.Event{kt.Removed(ext(1, 1)), storeChain(1, 5, 6).WithMedium("DISK")}}.Encode(),
+			kt.Batch{DPRank: &r1, Events: []kt.Event{storeChain(2, 0, 3).WithLoraName("adapter")}}.Encode(),
+		),
+		framePayloads(
+			kt.Batch{Events: []kt.Event{storeChain(3, 0, 2).WithExtraKeys([]any{sha256Of42}, []any{"tenant"})}}.Encode(),
+			kt.Batch{Events: []kt.Event{kt.Cleared(), storeChain(3, 0, 1), storeChain(3, 1, 3).AsMap()}}.Encode(),
+			kt.Batch{Events: []kt.Event{kt.Removed(ext(3, 0)).WithMedium("GPU"), storeChain(3, 3, 4)}}.Encode(),
+		),
+	}
+}
+
+// FuzzApplyDecodedBatches drives the whole ingestion path — DecodeBatch, a Converter (worker 1,
+// ranks [0, 2), block size 4) and Index.Apply — with a stream of payloads, then checks: nothing
+// panics; every match is cumulative (gpu ≤ cpu ≤ disk) and no longer than its query, for queries
+// following every stored block's parent chain from the root; and the index's dump survives JSON
+// and restores to the same device answers. The committed seed corpus is in
+// testdata/fuzz/FuzzApplyDecodedBatches.
+func FuzzApplyDecodedBatches(f *testing.F) {
+	for _, s := range pipelineSeeds() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		type link struct {
+			parent    uint64
+			hasParent bool
+			local     uint64
+		}
+		type key struct {
+			rank uint32
+			ext  uint64
+		}
+		ix := kvindex.New(kvindex.Config{BlockSize: 4})
+		conv := kvevents.NewConverter(1, 0, 4, false)
+		conv.SetRankRange(0, 2)
+		links := map[key]link{}
+		var evs []kvindex.Event
+		for seq := uint64(0); len(data) >= 2 && seq < 64; seq++ {
+			n := min(int(binary.BigEndian.Uint16(data)), len(data)-2)
+			payload := data[2 : 2+n]
+			data = data[2+n:]
+			b, err := kvevents.DecodeBatch(payload)
+			if err != nil {
+				continue
+			}
+			evs, _ = conv.Convert(b, seq, evs[:0])
+			for _, ev := range evs {
+				_ = ix.Apply(ev)
+				if ev.Kind != kvindex.EventStored {
+					continue
+				}
+				parent, has := ev.ParentHash, ev.HasParent
+				for _, blk := range ev.Blocks {
+					links[key{ev.DPRank, blk.BlockHash}] = link{parent: parent, hasParent: has, local: blk.TokensHash}
+					parent, has = blk.BlockHash, true
+				}
+			}
+		}
+		var queries [][]uint64
+		for k := range links {
+			var q []uint64
+			for cur, ok := k, true; ok && len(q) < 64; {
+				l, found := links[cur]
+				if !found {
+					break
+				}
+				q = append(q, l.local)
+				cur, ok = key{k.rank, l.parent}, l.hasParent
+			}
+			slices.Reverse(q)
+			queries = append(queries, q)
+		}
+		raw, err := json.Marshal(ix.Dump())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dumped []kvindex.RouterEvent
+		if err := json.Unmarshal(raw, &dumped); err != nil {
+			t.Fatal(err)
+		}
+		restored := kvindex.New(kvindex.Config{BlockSize: 4})
+		if err := restored.Restore(dumped); err != nil {
+			t.Fatalf("restore: %v", err)
+		}
+		for _, q := range queries {
+			var device []kvindex.Match
+			for _, m := range sortMatches(ix.FindMatches(q, nil)) {
+				gpu, cpu, disk := m.CumulativeTokens(4)
+				if m.Blocks() > uint32(len(q)) || gpu > cpu || cpu > disk {
+					t.Fatalf("query %v: match %+v (gpu %d cpu %d disk %d)", q, m, gpu, cpu, disk)
+				}
+				if m.Device > 0 {
+					device = append(device, kvindex.Match{Candidate: m.Candidate, Device: m.Device})
+				}
+			}
+			if d := cmp.Diff(device, sortMatches(restored.FindMatches(q, nil)), cmpopts.EquateEmpty()); d != "" {
+				t.Fatalf("query %v: restored dump answers differently (-original +restored):\n%s", q, d)
+			}
 		}
 	})
 }

@@ -57,7 +57,31 @@ type Options struct {
 	FourFrameReplies bool
 	// ReplayNoEnd never sends the END marker, so a client waits for its replay timeout.
 	ReplayNoEnd bool
+	// ReplayEnd selects how the END marker is encoded (default EndSeqAndEmptyPayload).
+	ReplayEnd EndMarker
+	// ReplayDelay delays every replay answer by this long (a slow publisher), so live batches
+	// arrive while the subscriber's replay is in flight.
+	ReplayDelay time.Duration
+	// ReplayMalformed answers every replay request with a single 2-frame reply ["", seq] (after
+	// the routing identity), which a client must treat as a failed replay (§6).
+	ReplayMalformed bool
+	// Endpoint and ReplayEndpoint are the addresses to bind, e.g. "tcp://127.0.0.1:6000" for a
+	// data-parallel test that needs ports offset by rank; "" binds a free loopback port.
+	Endpoint, ReplayEndpoint string
 }
+
+// EndMarker is the encoding of the replay END marker (kv-events-index.md §6: a client ends the
+// replay on either the all-ones seq or an empty payload).
+type EndMarker uint8
+
+const (
+	// EndSeqAndEmptyPayload sends seq ff…ff with an empty payload, as vLLM does.
+	EndSeqAndEmptyPayload EndMarker = iota
+	// EndSeqOnly sends seq ff…ff with a non-empty payload.
+	EndSeqOnly
+	// EndEmptyPayloadOnly sends an empty payload under the last replayed seq + 1 (0 if none).
+	EndEmptyPayloadOnly
+)
 
 type ringEntry struct {
 	seq     uint64
@@ -92,8 +116,14 @@ func New(t testing.TB, opts Options) *Publisher {
 		opts.ReplayBuffer = 10000
 	}
 	p := &Publisher{t: t, opts: opts, endpoint: "tcp://127.0.0.1:0"}
+	if opts.Endpoint != "" {
+		p.endpoint = opts.Endpoint
+	}
 	if opts.Replay {
 		p.replayEndpoint = "tcp://127.0.0.1:0"
+		if opts.ReplayEndpoint != "" {
+			p.replayEndpoint = opts.ReplayEndpoint
+		}
 	}
 	if err := p.bind(); err != nil {
 		t.Fatalf("kveventstest: %v", err)
@@ -262,6 +292,29 @@ func (p *Publisher) WaitForSubscriber() {
 	}
 }
 
+// WaitForNoSubscriber blocks until no subscription is registered on the PUB socket any more
+// (every subscriber has disconnected) and fails the test after 10 s. Tests that detach and
+// re-attach a subscriber use it so that WaitForSubscriber then sees the new subscription.
+func (p *Publisher) WaitForNoSubscriber() {
+	p.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p.mu.Lock()
+		n := 0
+		if tp, ok := p.pub.(zmq4.Topics); ok && !p.closed {
+			n = len(tp.Topics())
+		}
+		p.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("kveventstest: %s still has a subscriber after 10s", p.Endpoint())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // Restart closes both sockets and binds them again at the same addresses, with the sequence
 // number back at 0 and an empty replay buffer, like an engine process that restarted. Connected
 // subscribers see their connection drop and must re-dial.
@@ -349,12 +402,30 @@ func (p *Publisher) serveReplay(router zmq4.Socket, done chan struct{}) {
 // ROUTER may report one for the END marker when the client closes its DEALER right after
 // receiving it, and the next request must still be served.
 func (p *Publisher) answer(router zmq4.Socket, id []byte, entries []ringEntry) {
+	if p.opts.ReplayDelay > 0 {
+		time.Sleep(p.opts.ReplayDelay)
+	}
+	if p.opts.ReplayMalformed {
+		var seqFrame [8]byte
+		_ = router.SendMulti(zmq4.NewMsgFrom(id, []byte{}, seqFrame[:]))
+		return
+	}
+	next := uint64(0)
 	for _, e := range entries {
 		if router.SendMulti(p.reply(id, e.seq, e.payload)) != nil {
 			return
 		}
+		next = e.seq + 1
 	}
-	if !p.opts.ReplayNoEnd {
+	if p.opts.ReplayNoEnd {
+		return
+	}
+	switch p.opts.ReplayEnd {
+	case EndSeqOnly:
+		_ = router.SendMulti(p.reply(id, EndSeq, []byte("end")))
+	case EndEmptyPayloadOnly:
+		_ = router.SendMulti(p.reply(id, next, []byte{}))
+	default:
 		_ = router.SendMulti(p.reply(id, EndSeq, []byte{}))
 	}
 }

@@ -166,3 +166,80 @@ func TestPublisherServesRepeatedReplayRequests(t *testing.T) {
 		}
 	}
 }
+
+// replayRaw sends a replay request from start and returns the first n replies.
+func replayRaw(t *testing.T, endpoint string, start uint64, n int) [][][]byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dealer := zmq4.NewDealer(ctx)
+	defer dealer.Close()
+	if err := dealer.Dial(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	var req [8]byte
+	binary.BigEndian.PutUint64(req[:], start)
+	if err := dealer.SendMulti(zmq4.NewMsgFrom([]byte{}, req[:])); err != nil {
+		t.Fatal(err)
+	}
+	var out [][][]byte
+	for len(out) < n {
+		msg, err := dealer.Recv()
+		if err != nil {
+			t.Fatalf("replay receive: %v", err)
+		}
+		out = append(out, msg.Frames)
+	}
+	return out
+}
+
+func TestPublisherReplayVariants(t *testing.T) {
+	tests := []struct {
+		name      string
+		opts      kt.Options
+		wantCount int // replies to read: the buffered batch and the END, or the malformed reply
+	}{
+		{"END with a payload keeps the all-ones seq", kt.Options{Replay: true, ReplayEnd: kt.EndSeqOnly}, 2},
+		{"END as an empty payload uses the next seq", kt.Options{Replay: true, ReplayEnd: kt.EndEmptyPayloadOnly}, 2},
+		{"a malformed answer is one 2-frame reply", kt.Options{Replay: true, ReplayMalformed: true}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pub := kt.New(t, tt.opts)
+			pub.Withhold(kt.Cleared())
+			got := replayRaw(t, pub.ReplayEndpoint(), 0, tt.wantCount)
+			last := got[len(got)-1]
+			switch {
+			case tt.opts.ReplayMalformed:
+				if len(last) != 2 {
+					t.Errorf("reply = %q, want 2 frames", last)
+				}
+			case tt.opts.ReplayEnd == kt.EndSeqOnly:
+				if len(last) != 3 || seqOf(last[1]) != kt.EndSeq || len(last[2]) == 0 {
+					t.Errorf("END = %q, want all-ones seq and a payload", last)
+				}
+			default:
+				if len(last) != 3 || seqOf(last[1]) != 1 || len(last[2]) != 0 {
+					t.Errorf("END = %q, want seq 1 and an empty payload", last)
+				}
+			}
+		})
+	}
+}
+
+func TestPublisherBindsTheRequestedAddresses(t *testing.T) {
+	probe := kt.New(t, kt.Options{Replay: true})
+	ep, rep := probe.Endpoint(), probe.ReplayEndpoint()
+	probe.Close()
+	pub := kt.New(t, kt.Options{Replay: true, Endpoint: ep, ReplayEndpoint: rep})
+	if pub.Endpoint() != ep || pub.ReplayEndpoint() != rep {
+		t.Fatalf("bound %s and %s, want %s and %s", pub.Endpoint(), pub.ReplayEndpoint(), ep, rep)
+	}
+	sub := subscribe(t, pub)
+	pub.Publish(kt.Cleared())
+	if msg, err := sub.Recv(); err != nil || seqOf(msg.Frames[1]) != 0 {
+		t.Fatalf("got %q, %v", msg.Frames, err)
+	}
+	_ = sub.Close()
+	pub.WaitForNoSubscriber()
+}
