@@ -191,11 +191,13 @@ policy_classes:
     request_queue_limit_per_worker: 0
     raw_isl_token_queue_limit_per_worker: 100000
     cached_token_queue_limit_per_worker: 5000
+  - {name: latency-large, policy_family: interactive, cache_bucket: large, quantum: 1}
   - {name: batch, quantum: 1}
 models:
   llama:
     default_policy_family: batch
-    policy_classes: [{name: only, quantum: 1}]
+    uncached_isl_buckets: [{min_tokens: 0, bucket: all}]
+    policy_classes: [{name: only, policy_family: batch, cache_bucket: all, quantum: 1}]
 `))
 		if err != nil {
 			t.Fatal(err)
@@ -205,7 +207,7 @@ models:
 			pc.Name != "latency" || *pc.Quantum != 3 || pc.QueuePolicy != "wspt" || *pc.PrefillBusyThreshold != 0 ||
 			*pc.PrefillBusyThresholdFrac != 1.5 || *pc.BusyWorkerRatio != 0.5 || *pc.RequestQueueLimitPerWorker != 0 ||
 			*pc.RawISLTokenQueueLimitPerWorker != 100000 || *pc.CachedTokenQueueLimitPerWorker != 5000 ||
-			c.PolicyClasses[1].PrefillBusyThreshold != nil || c.Models["llama"].PolicyClasses[0].Name != "only" {
+			c.PolicyClasses[2].PrefillBusyThreshold != nil || c.Models["llama"].PolicyClasses[0].Name != "only" {
 			t.Fatalf("%+v", c)
 		}
 	})

@@ -11,13 +11,15 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvepp/kvepp/picker/queue"
 	"github.com/kvepp/kvepp/policies"
 	"github.com/kvepp/kvepp/policies/defaultcost"
 )
 
 // Config is the policy configuration file (DYN_ROUTER_POLICY_CONFIG, selection-service.md §18).
 // Every top-level key is optional; unknown keys anywhere are rejected. The policy-class keys
-// (§18.2) are parsed into typed form here and validated by the queueing layer.
+// (§18.2) are parsed into typed form and validated by ParseConfig; QueueProfiles turns them into
+// the queue's profiles.
 type Config struct {
 	// WorkerSelection is the §18.1 worker_selection section; nil when absent.
 	WorkerSelection *WorkerSelection `json:"worker_selection,omitempty"`
@@ -93,8 +95,9 @@ var nameRule = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 func ValidName(name string) bool { return nameRule.MatchString(name) }
 
 // ParseConfig parses and validates the YAML (or JSON) policy configuration. Errors: YAML syntax,
-// duplicate keys, unknown keys, wrong types, and every §18.1 worker_selection rule (see
-// (*WorkerSelection).Validate). Empty input is an empty configuration.
+// duplicate keys, unknown keys, wrong types, every §18.1 worker_selection rule (see
+// (*WorkerSelection).Validate) and every §18.2 policy-class rule (see QueueProfiles). Empty
+// input is an empty configuration.
 func ParseConfig(data []byte) (*Config, error) {
 	var c Config
 	if err := yaml.UnmarshalStrict(data, &c); err != nil {
@@ -104,6 +107,9 @@ func ParseConfig(data []byte) (*Config, error) {
 		if err := c.WorkerSelection.Validate(); err != nil {
 			return nil, fmt.Errorf("policy config: %w", err)
 		}
+	}
+	if _, err := c.QueueProfiles(); err != nil {
+		return nil, fmt.Errorf("policy config: %w", err)
 	}
 	return &c, nil
 }
@@ -266,4 +272,118 @@ func callProvider(p policies.Provider, params policies.PolicyParameters) (f poli
 		}
 	}()
 	return p(params)
+}
+
+// QueueProfiles validates the policy-class keys (selection-service.md §18.2, §13.4) and returns
+// the queue profiles: the root profile (when any of default_policy_family, uncached_isl_buckets,
+// policy_classes is present) and one profile per models entry, each replacing the root for its
+// model. It returns nil, nil when the file defines no profile (queueing then depends on
+// router_queue_threshold alone).
+//
+// Rules, each error naming the offending key (prefixed `models["<name>"]:` inside a model
+// profile): class names, policy families, cache buckets and default_policy_family follow the
+// identifier rule ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$; class names are unique; quantum is required
+// and ≥ 1; queue_policy is fcfs, lcfs or wspt (unset = router_queue_policy); the busy thresholds
+// are finite ≥ 0; busy_worker_ratio is in (0, 1]; the three per-worker limits are ≥ 0; a class
+// sets both policy_family and cache_bucket (a matrix class) or neither (an explicit class);
+// cache_bucket names one of uncached_isl_buckets; bucket names are unique; floors start at 0 and
+// strictly increase; every family has exactly one class per bucket; an explicit class is not named
+// like a family; default_policy_family names a family; a model name is not empty. A class that
+// sets neither busy threshold uses prefill_busy_threshold_frac 16.0.
+func (c *Config) QueueProfiles() (*queue.Profiles, error) {
+	ps := &queue.Profiles{}
+	root := Profile{DefaultPolicyFamily: c.DefaultPolicyFamily, UncachedISLBuckets: c.UncachedISLBuckets, PolicyClasses: c.PolicyClasses}
+	if root.DefaultPolicyFamily != "" || root.UncachedISLBuckets != nil || root.PolicyClasses != nil {
+		p, err := root.profile()
+		if err != nil {
+			return nil, err
+		}
+		ps.Root = p
+	}
+	names := make([]string, 0, len(c.Models))
+	for name := range c.Models {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if name == "" {
+			return nil, fmt.Errorf("models: a model name must not be empty")
+		}
+		p, err := c.Models[name].profile()
+		if err != nil {
+			return nil, fmt.Errorf("models[%q]: %w", name, err)
+		}
+		if ps.Models == nil {
+			ps.Models = make(map[string]*queue.Profile, len(c.Models))
+		}
+		ps.Models[name] = p
+	}
+	if !ps.Configured() {
+		return nil, nil
+	}
+	return ps, nil
+}
+
+// profile validates one profile's keys and builds its queue profile.
+func (pr Profile) profile() (*queue.Profile, error) {
+	if f := pr.DefaultPolicyFamily; f != "" && !ValidName(f) {
+		return nil, fmt.Errorf("default_policy_family %q must match %s", f, nameRule)
+	}
+	spec := queue.ProfileSpec{DefaultFamily: pr.DefaultPolicyFamily}
+	for i, b := range pr.UncachedISLBuckets {
+		where := fmt.Sprintf("uncached_isl_buckets[%d]", i)
+		if !ValidName(b.Bucket) {
+			return nil, fmt.Errorf("%s.bucket %q must match %s", where, b.Bucket, nameRule)
+		}
+		if b.MinTokens < 0 {
+			return nil, fmt.Errorf("%s.min_tokens must be >= 0, got %d", where, b.MinTokens)
+		}
+		spec.Buckets = append(spec.Buckets, queue.Bucket{Name: b.Bucket, MinTokens: uint64(b.MinTokens)})
+	}
+	for i, pc := range pr.PolicyClasses {
+		where := fmt.Sprintf("policy_classes[%d] (%q)", i, pc.Name)
+		if !ValidName(pc.Name) {
+			return nil, fmt.Errorf("policy_classes[%d].name %q must match %s", i, pc.Name, nameRule)
+		}
+		if pc.PolicyFamily != "" && !ValidName(pc.PolicyFamily) {
+			return nil, fmt.Errorf("%s.policy_family %q must match %s", where, pc.PolicyFamily, nameRule)
+		}
+		if pc.CacheBucket != "" && !ValidName(pc.CacheBucket) {
+			return nil, fmt.Errorf("%s.cache_bucket %q must match %s", where, pc.CacheBucket, nameRule)
+		}
+		if pc.Quantum == nil {
+			return nil, fmt.Errorf("%s.quantum is required (an integer >= 1)", where)
+		}
+		if *pc.Quantum < 1 {
+			return nil, fmt.Errorf("%s.quantum must be an integer >= 1, got %d", where, *pc.Quantum)
+		}
+		pol, err := queue.ParsePolicy(pc.QueuePolicy)
+		if err != nil {
+			return nil, fmt.Errorf("%s.queue_policy: %w", where, err)
+		}
+		cl := queue.Class{
+			Name: pc.Name, Family: pc.PolicyFamily, Bucket: pc.CacheBucket, Policy: pol, Quantum: uint64(*pc.Quantum),
+			BusyThreshold: pc.PrefillBusyThreshold, BusyThresholdFrac: pc.PrefillBusyThresholdFrac, BusyWorkerRatio: pc.BusyWorkerRatio,
+		}
+		for _, l := range []struct {
+			key string
+			in  *int64
+			out **uint64
+		}{
+			{"request_queue_limit_per_worker", pc.RequestQueueLimitPerWorker, &cl.RequestLimitPerWorker},
+			{"raw_isl_token_queue_limit_per_worker", pc.RawISLTokenQueueLimitPerWorker, &cl.RawISLTokenLimitPerWorker},
+			{"cached_token_queue_limit_per_worker", pc.CachedTokenQueueLimitPerWorker, &cl.CachedTokenLimitPerWorker},
+		} {
+			if l.in == nil {
+				continue
+			}
+			if *l.in < 0 {
+				return nil, fmt.Errorf("%s.%s must be >= 0, got %d", where, l.key, *l.in)
+			}
+			v := uint64(*l.in)
+			*l.out = &v
+		}
+		spec.Classes = append(spec.Classes, cl)
+	}
+	return queue.NewProfile(spec)
 }

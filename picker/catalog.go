@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/ledger"
+	"github.com/kvepp/kvepp/picker/queue"
 	"github.com/kvepp/kvepp/policies"
 )
 
@@ -395,6 +396,7 @@ func (s *Service) commitLocked(p *partition, e *workerEntry, index *partIndex, b
 	p.members[id] = e
 	p.memberCount.Store(int64(len(p.members)))
 	p.publish(index, bs, eagle)
+	s.kick(p) // a worker added or updated may free capacity for queued requests (§13.3)
 }
 
 func (s *Service) adjustSchedulable(prev, next *workerEntry) {
@@ -433,6 +435,7 @@ func (s *Service) drainLocked(e *workerEntry, p *partition) {
 	}
 	released := s.ledger.FreeWorker(id)
 	s.releaseLeases(released, true)
+	s.kick(p)
 	if len(released) > 0 {
 		s.log.Info().Uint64("worker_id", id).Int("bookings", len(released)).Str("partition", p.key.String()).
 			Msg("released the live bookings of a drained worker")
@@ -549,9 +552,20 @@ func (s *Service) ensurePartition(key PartitionKey) (*partition, error) {
 			TTL: s.cfg.SessionAffinityTTL, MaxEntries: s.cfg.SessionAffinityMaxEntries, WriterID: s.writerID,
 		})
 	}
+	if s.cfg.queueing() {
+		prof := s.cfg.PolicyProfiles.For(key.ModelName)
+		if prof == nil {
+			prof = queue.Synthetic(s.cfg.Router.QueueThreshold, s.cfg.queuePolicy())
+		}
+		if prof = prof.WithDefaultPolicy(s.cfg.queuePolicy()); prof.AnyQueues() {
+			p.profile = prof
+			p.q = queue.New[*waiter](prof, s.now())
+		}
+	}
 	p.view.Store(buildView(nil, 0, false, nil))
 	s.mu.Lock()
 	s.partitions[key] = p
+	s.byName[key.String()] = p
 	s.mu.Unlock()
 	return p, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/ledger"
+	"github.com/kvepp/kvepp/picker/queue"
 	"github.com/kvepp/kvepp/policies"
 )
 
@@ -27,6 +28,14 @@ const (
 	DefaultPruneTargetRatio        = 0.8
 	// DefaultExpirySweepInterval is how often Run sweeps stale bookings (§10.5: every 60 s).
 	DefaultExpirySweepInterval = 60 * time.Second
+	// DefaultQueuePolicy is router_queue_policy (DYN_ROUTER_QUEUE_POLICY, §13.2).
+	DefaultQueuePolicy = "fcfs"
+	// DefaultOverlapRefreshAfterSecs is DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS (§13.3): a request
+	// queued at least this long has its overlap re-queried at dequeue.
+	DefaultOverlapRefreshAfterSecs = 10.0
+	// DefaultQueueRecheckInterval is how often Run re-runs queue dispatch in every partition
+	// without a lifecycle event (§13.3: every 60 s).
+	DefaultQueueRecheckInterval = 60 * time.Second
 )
 
 // DefaultPrefillTokenCapacity is the advisory worker_load prefill_token_capacity reported for a
@@ -75,8 +84,17 @@ type RouterSettings struct {
 	MaxTreeSize int
 	// PruneTargetRatio is the prune target fraction in (0, 1).
 	PruneTargetRatio float64
-	// QueueThreshold is router_queue_threshold; non-nil enables queueing (§13.1), ≥ 0.
+	// QueueThreshold is router_queue_threshold; non-nil enables queueing (§13.1), ≥ 0. It is
+	// the prefill_busy_threshold_frac of the synthetic "default" policy class (§13.4): a rank is
+	// busy when its active prefill tokens exceed QueueThreshold × max_num_batched_tokens.
 	QueueThreshold *float64
+	// QueuePolicy is router_queue_policy (§13.2): "fcfs" (also ""), "lcfs" or "wspt"; the policy
+	// of the synthetic class and of configured classes without queue_policy.
+	QueuePolicy string
+	// OverlapRefreshAfterSecs is DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS (§13.3): a request that
+	// waited in the queue at least this many seconds gets its overlap re-queried at dequeue;
+	// shorter waits reuse the enqueue-time overlap. 0 disables the refresh. Finite ≥ 0.
+	OverlapRefreshAfterSecs float64
 	// ConditionalDisaggPrefillBusyThreshold enables advisory prefill_busy (§7.6), ≥ 0.
 	ConditionalDisaggPrefillBusyThreshold *float64
 	// ConditionalDisaggDecodeBusyThreshold enables decode_busy (§7.4), ≥ 0.
@@ -85,7 +103,8 @@ type RouterSettings struct {
 
 // DefaultRouterSettings returns the §19.2 defaults: credit 1, scale 1, host weight 0.75, disk
 // weight 0.25, temperature 0, active blocks, KV reuse, prefill tracking and KV events on, expiry
-// 300 s, approximate TTL 120 s, no queueing, no busy thresholds.
+// 300 s, approximate TTL 120 s, no queueing (queue policy fcfs, overlap refresh after 10 s), no
+// busy thresholds.
 func DefaultRouterSettings() RouterSettings {
 	return RouterSettings{
 		OverlapScoreCredit:      DefaultOverlapScoreCredit,
@@ -100,6 +119,8 @@ func DefaultRouterSettings() RouterSettings {
 		ApproxTTLSecs:           DefaultApproxTTLSecs,
 		MaxTreeSize:             DefaultMaxTreeSize,
 		PruneTargetRatio:        DefaultPruneTargetRatio,
+		QueuePolicy:             DefaultQueuePolicy,
+		OverlapRefreshAfterSecs: DefaultOverlapRefreshAfterSecs,
 	}
 }
 
@@ -155,6 +176,12 @@ func (r RouterSettings) validate() error {
 		if !(r.PruneTargetRatio > 0 && r.PruneTargetRatio < 1) {
 			return fmt.Errorf("prune_target_ratio must be in (0, 1), got %v", r.PruneTargetRatio)
 		}
+	}
+	if _, err := queue.ParsePolicy(r.QueuePolicy); err != nil {
+		return fmt.Errorf("router_queue_policy: %w", err)
+	}
+	if !finiteNonNeg(r.OverlapRefreshAfterSecs) || r.OverlapRefreshAfterSecs*float64(time.Second) > math.MaxInt64 {
+		return fmt.Errorf("overlap_refresh_after_secs must be a finite number >= 0, got %v", r.OverlapRefreshAfterSecs)
 	}
 	for _, f := range []struct {
 		name string
@@ -215,10 +242,19 @@ type KVEventSource interface {
 type Config struct {
 	// Router holds the router settings (§19.2).
 	Router RouterSettings
-	// QueueingEnabled is true when policy classes are configured (§13.1); a non-nil
-	// Router.QueueThreshold enables queueing as well. While enabled, workers need
-	// max_num_batched_tokens to be schedulable.
+	// QueueingEnabled forces queueing on (§13.1) even without Router.QueueThreshold or
+	// PolicyProfiles; a non-nil Router.QueueThreshold or configured PolicyProfiles enable it as
+	// well. While enabled, workers need max_num_batched_tokens to be schedulable. A partition
+	// whose classes have no busy threshold never queues.
 	QueueingEnabled bool
+	// PolicyProfiles are the policy-class profiles of the policy file (§13.4, §18.2; build them
+	// with catalog.(*Config).QueueProfiles). Configured profiles enable queueing. A partition uses
+	// its model's profile, else the root profile, else the synthetic class "default" built from
+	// Router.QueueThreshold and Router.QueuePolicy.
+	PolicyProfiles *queue.Profiles
+	// QueueRecheckInterval is how often Run re-runs queue dispatch without a lifecycle event
+	// (0 = DefaultQueueRecheckInterval, 60 s; §13.3).
+	QueueRecheckInterval time.Duration
 	// Policy builds one policy per partition with worker type "select" (§17.4). Nil selects the
 	// built-in dynamo-default-cost-fn policy (§9), which honours per-request overrides.
 	Policy policies.PolicyFactory
@@ -278,10 +314,22 @@ func (c *Config) validate() error {
 	if c.SessionAffinityMaxEntries < 0 {
 		return fmt.Errorf("session affinity max entries must be >= 0, got %d", c.SessionAffinityMaxEntries)
 	}
+	if c.QueueRecheckInterval < 0 {
+		return fmt.Errorf("queue recheck interval must be >= 0, got %v", c.QueueRecheckInterval)
+	}
 	return nil
 }
 
-func (c *Config) queueing() bool { return c.QueueingEnabled || c.Router.QueueThreshold != nil }
+// queueing reports whether queueing is enabled (§13.1).
+func (c *Config) queueing() bool {
+	return c.QueueingEnabled || c.Router.QueueThreshold != nil || c.PolicyProfiles.Configured()
+}
+
+// queuePolicy is Router.QueuePolicy parsed (validated by New).
+func (c *Config) queuePolicy() queue.Policy {
+	p, _ := queue.ParsePolicy(c.Router.QueuePolicy)
+	return p
+}
 
 func defaultRandSource() rand.Source {
 	var seed [32]byte

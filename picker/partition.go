@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/ledger"
+	"github.com/kvepp/kvepp/picker/queue"
 	"github.com/kvepp/kvepp/policies"
 )
 
@@ -39,6 +40,15 @@ type partition struct {
 
 	// affinity is the session-affinity table (§12.1); nil when session affinity is off.
 	affinity *ledger.AffinityTable
+
+	// q is the partition's policy-class queue (§13), guarded by mu; nil when queueing is off or
+	// no class of profile can queue (every admission is then immediate).
+	q       *queue.Queue[*waiter]
+	profile *queue.Profile
+	// pendingCount and pendingISL mirror q's totals (requests, raw ISL tokens) for /loads and
+	// the lock-free "anything queued?" check of lifecycle calls.
+	pendingCount atomic.Uint64
+	pendingISL   atomic.Uint64
 }
 
 // KVEventSourceStateAgentV2 is the kv_event_source_mode of a worker whose KV events come from a

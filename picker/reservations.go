@@ -10,13 +10,19 @@ import (
 )
 
 // PrefillComplete removes a live booking's prefill tokens; its blocks remain as decode load
-// (selection-service.md §10.2). Idempotent on a live booking. Works during shutdown so in-flight
-// requests keep accounting exactly. Errors: KindNotFound "reservation {id} not found" (unknown,
+// (selection-service.md §10.2), then admits what the freed prefill capacity allows from the
+// booking's partition queue (§13.3). Idempotent on a live booking. Works during shutdown so
+// in-flight requests keep accounting exactly. Errors: KindNotFound "reservation {id} not found" (unknown,
 // claimed but not booked, or freed).
 func (s *Service) PrefillComplete(ctx context.Context, selectionID string) error {
 	_ = ctx
 	if err := s.ledger.PrefillComplete(selectionID); err != nil {
 		return ledgerError(err)
+	}
+	if s.queued.Load() > 0 {
+		if b, ok := s.ledger.Lookup(selectionID); ok {
+			s.kickName(b.Partition) // freed prefill capacity admits queued requests (§13.3)
+		}
 	}
 	return nil
 }
@@ -37,8 +43,8 @@ func (s *Service) OutputBlock(ctx context.Context, selectionID string, decayFrac
 }
 
 // Free releases a live booking exactly once, with its session-affinity lease
-// (selection-service.md §10.2 DELETE, §12.1). Works during
-// shutdown. Errors: KindNotFound "reservation {id} not found" (unknown, claimed but not booked,
+// (selection-service.md §10.2 DELETE, §12.1), then admits what the freed capacity allows from
+// the booking's partition queue (§13.3). Works during shutdown. Errors: KindNotFound "reservation {id} not found" (unknown, claimed but not booked,
 // or already freed).
 func (s *Service) Free(ctx context.Context, selectionID string) error {
 	_ = ctx
@@ -47,6 +53,7 @@ func (s *Service) Free(ctx context.Context, selectionID string) error {
 		return ledgerError(err)
 	}
 	s.releaseLeases([]ledger.Booking{b}, true)
+	s.kickName(b.Partition) // freed capacity admits queued requests (§13.3)
 	return nil
 }
 
@@ -54,11 +61,21 @@ func (s *Service) Free(ctx context.Context, selectionID string) error {
 // (the expiry guard of selection-service.md §10.5; local state only, nothing is published; their
 // session-affinity leases are released) and
 // drops approximate-index entries whose TTL passed (kv-events-index.md §15.1). It returns the
-// number of bookings released. Run calls it every 60 s.
+// number of bookings released. Released capacity admits queued requests (§13.3). Run calls it
+// every 60 s.
 func (s *Service) ExpireStale(now time.Time) int {
 	limit := time.Duration(s.cfg.Router.ActiveRequestExpirySecs * float64(time.Second))
 	expired := s.ledger.ExpireAdmittedBefore(now.Add(-limit))
 	s.releaseLeases(expired, false)
+	if s.queued.Load() > 0 {
+		kicked := map[string]bool{}
+		for i := range expired {
+			if name := expired[i].Partition; !kicked[name] {
+				kicked[name] = true
+				s.kickName(name) // expiry frees capacity for queued requests (§13.3)
+			}
+		}
+	}
 	if len(expired) > 0 {
 		s.log.Warn().Int("bookings", len(expired)).Dur("expiry", limit).Msg("expired stale bookings")
 	}
@@ -127,7 +144,8 @@ func (s *Service) Loads(model, group string) []PartitionLoads {
 			cs[i] = toLedger(c)
 		}
 		lds := s.ledger.Loads(cs, nil)
-		pl := PartitionLoads{ModelName: p.key.ModelName, RoutingGroup: p.key.RoutingGroup, Loads: make([]PotentialLoad, len(cs))}
+		pl := PartitionLoads{ModelName: p.key.ModelName, RoutingGroup: p.key.RoutingGroup, Loads: make([]PotentialLoad, len(cs)),
+			PendingCount: p.pendingCount.Load(), PendingISLTokens: p.pendingISL.Load()}
 		for i, c := range v.cands {
 			pl.Loads[i] = PotentialLoad{
 				WorkerID: c.WorkerID, DPRank: c.DPRank,

@@ -32,6 +32,10 @@ type selScratch struct {
 	loaded  []bool
 	ctx     policies.WorkerSelectionContext
 	src     inputSource
+	// busyCands, busyCaps and busyLoads are queue admission's pool-busy scratch (§13.1).
+	busyCands []ledger.Candidate
+	busyCaps  []uint64
+	busyLoads []ledger.Load
 }
 
 // effective are the per-request settings after router_config_override (§9.5, §9.6).
@@ -197,14 +201,17 @@ type choice struct {
 	fall    []Fallback
 }
 
-// Select chooses a worker without booking (selection-service.md §7.2; advisory semantics — the
-// queue arrives with §13). A live session binding steers the selection (§12.1) but none is created
-// or leased. With a SelectionID the booking inputs are written to the pending-selection cache
-// (§11), replacing any entry of the same (model, group, id). It never records into an approximate
-// index and never attaches a kv_hint. Errors: KindNotReady (shutdown, no schedulable worker, no
-// candidate, all filtered), KindBadRequest (prompt, pinned worker not allowed, session id too
-// long), KindUnprocessable (override, session), KindPolicy (policy failure), KindInternal (ctx
-// done).
+// Select chooses a worker without booking (selection-service.md §7.2). A non-advisory select
+// with queueing on is a query-only admission through the partition queue (§13): it may wait
+// while the pool is busy for its policy class (or the class has a backlog) and may be rejected
+// with 429 (KindOverloaded, Details = QueueRejection); an advisory select never waits and adds
+// WorkerLoad. A live session binding steers the selection (§12.1) but none is created or leased.
+// With a SelectionID the booking inputs are written to the pending-selection cache (§11),
+// replacing any entry of the same (model, group, id). It never records into an approximate
+// index and never attaches a kv_hint. Errors: KindNotReady (shutdown, also for a waiting select;
+// no schedulable worker, no candidate, all filtered), KindBadRequest (prompt, pinned worker not
+// allowed, session id too long), KindUnprocessable (override, session), KindOverloaded (queue
+// limit, do_not_queue), KindPolicy (policy failure), KindInternal (ctx done).
 func (s *Service) Select(ctx context.Context, req SelectRequest) (Selection, error) {
 	pr, err := s.prepare(&req)
 	if err != nil {
@@ -216,21 +223,37 @@ func (s *Service) Select(ctx context.Context, req SelectRequest) (Selection, err
 		p.mu.Unlock()
 		return Selection{}, cancelled(err)
 	}
+	if p.q != nil && !req.Advisory {
+		w, sel, _, err := s.admitLocked(ctx, p, &req, &pr, false)
+		p.mu.Unlock()
+		if w == nil {
+			return sel, err
+		}
+		sel, _, err = s.await(ctx, p, w)
+		return sel, err
+	}
+	sel, err := s.selectOnlyLocked(p, &req, &pr, nil)
+	p.mu.Unlock()
+	return sel, err
+}
+
+// selectOnlyLocked is the query-only selection of Select in p: the session binding steers, the
+// pending-selection cache is written when SelectionID is set, and advisory selects get their
+// WorkerLoad. lk, when non-nil, is a prompt lookup to reuse (§13.3). Caller holds p.mu.
+func (s *Service) selectOnlyLocked(p *partition, req *SelectRequest, pr *prepared, lk *lookup) (Selection, error) {
 	now := s.now()
 	target, steered := req.AffinityTarget, false
 	if p.affinity != nil && pr.sessionID != "" && target == nil && req.PinnedWorker == nil {
 		bound, ok, err := p.affinity.Lookup(pr.sessionID, now, validTarget(p.view.Load()))
 		if err != nil {
-			p.mu.Unlock()
 			return Selection{}, affinityError(err)
 		}
 		if ok {
 			target, steered = exactTarget(bound), true
 		}
 	}
-	ch, err := s.selectLocked(p, &req, &pr, target)
+	ch, err := s.selectLocked(p, req, pr, target, lk)
 	if err != nil {
-		p.mu.Unlock()
 		return Selection{}, err
 	}
 	if req.SelectionID != "" {
@@ -250,8 +273,7 @@ func (s *Service) Select(ctx context.Context, req SelectRequest) (Selection, err
 		}
 		s.pending.Put(ledger.PendingKey{ModelName: pr.key.ModelName, RoutingGroup: pr.key.RoutingGroup, SelectionID: req.SelectionID}, ps, now)
 	}
-	p.mu.Unlock()
-	sel := s.selection(&req, &pr, &ch)
+	sel := s.selection(req, pr, &ch)
 	if req.Advisory {
 		sel.WorkerLoad = s.workerLoad(&ch)
 	}
@@ -260,16 +282,21 @@ func (s *Service) Select(ctx context.Context, req SelectRequest) (Selection, err
 
 // SelectAndReserve selects a worker and books the request on it atomically
 // (selection-service.md §7.3). The selection_id (a UUIDv4 when empty) is claimed process-wide
-// before selecting; selection and booking run in the partition's serialized context. The booking
-// holds the tracked sequence hashes and, when prefill tracking is on, effective_prefill_tokens of
-// prefill. With session affinity on, the session hold is taken before selecting (a live binding
-// steers unless affinity_target or pinned_worker is given) and the binding is committed after
-// booking (§12.1). In approximate mode the request's blocks are recorded for the chosen rank;
-// with an event-driven index a kv_hint is attached when §7.7 allows. The pending-selection cache
-// is neither read nor written. Nothing stays booked or claimed when the call fails, including
-// when ctx is cancelled after booking. Errors: as Select, plus KindConflict "selection {id} is
-// already reserved or being reserved" and KindBadRequest "session affinity conflict: …" (the
-// booking is freed and the stale binding dropped).
+// before selecting; selection and booking run in the partition's serialized context. With
+// queueing on the request always goes through queue admission (§13): it waits while the pool is
+// busy for its policy class (or the class has a backlog) until a lifecycle event or the periodic
+// recheck admits it; a request that waited is re-validated after booking (a worker drained
+// meanwhile frees the booking and fails with 500 "selected worker {id} is no longer
+// schedulable"). The booking holds the tracked sequence hashes and, when prefill tracking is on,
+// effective_prefill_tokens of prefill. With session affinity on, the session hold is taken before
+// selecting (a live binding steers unless affinity_target or pinned_worker is given) and the
+// binding is committed after booking (§12.1). In approximate mode the request's blocks are
+// recorded for the chosen rank; with an event-driven index a kv_hint is attached when §7.7
+// allows. The pending-selection cache is neither read nor written. Nothing stays booked or
+// claimed when the call fails, including when ctx is cancelled while waiting or after booking.
+// Errors: as Select, plus KindConflict "selection {id} is already reserved or being reserved",
+// KindBadRequest "session affinity conflict: …" (the booking is freed and the stale binding
+// dropped) and KindInternal "selected worker {id} is no longer schedulable".
 func (s *Service) SelectAndReserve(ctx context.Context, req SelectRequest) (Selection, error) {
 	pr, err := s.prepare(&req)
 	if err != nil {
@@ -289,23 +316,45 @@ func (s *Service) SelectAndReserve(ctx context.Context, req SelectRequest) (Sele
 	}()
 	p := pr.p
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if err := ctx.Err(); err != nil {
+		p.mu.Unlock()
 		return Selection{}, cancelled(err)
 	}
+	if p.q != nil {
+		w, sel, bk, err := s.admitLocked(ctx, p, &req, &pr, true)
+		p.mu.Unlock()
+		if w == nil {
+			booked = bk
+			return sel, err
+		}
+		sel, booked, err = s.await(ctx, p, w)
+		return sel, err
+	}
+	sel, bk, err := s.reserveLocked(ctx, p, &req, &pr, nil, false)
+	booked = bk
+	p.mu.Unlock()
+	return sel, err
+}
+
+// reserveLocked selects and books req in p (the body of SelectAndReserve). lk, when non-nil, is
+// a prompt lookup to reuse; queued marks a request that waited in the queue, whose worker is
+// re-validated against the catalog after booking (§7.3 step 5). booked reports whether the
+// ledger booking landed (even if it was freed again): the caller's claim became the booking.
+// Caller holds p.mu.
+func (s *Service) reserveLocked(ctx context.Context, p *partition, req *SelectRequest, pr *prepared, lk *lookup, queued bool) (sel Selection, booked bool, err error) {
 	now := s.now()
 	hold, err := s.acquire(p, pr.sessionID, p.view.Load(), now)
 	if err != nil {
-		return Selection{}, err
+		return Selection{}, false, err
 	}
 	defer hold.abort(now) // no-op once committed
 	target, steered := req.AffinityTarget, false
 	if target == nil && req.PinnedWorker == nil && hold.active && hold.hold.Kind == ledger.HoldBound {
 		target, steered = exactTarget(hold.hold.Target), true
 	}
-	ch, err := s.selectLocked(p, &req, &pr, target)
+	ch, err := s.selectLocked(p, req, pr, target, lk)
 	if err != nil {
-		return Selection{}, err
+		return Selection{}, false, err
 	}
 	prefill := uint64(0)
 	if pr.eff.track {
@@ -323,29 +372,43 @@ func (s *Service) SelectAndReserve(ctx context.Context, req SelectRequest) (Sele
 		Tag:                  hold.lease(),
 	}
 	if err := s.ledger.Book(b); err != nil {
-		return Selection{}, ledgerError(err)
+		return Selection{}, false, ledgerError(err)
 	}
-	booked = true
+	if queued && !s.stillSchedulable(c.WorkerID, pr.key) {
+		// The worker was drained while this request waited (§7.3 step 5).
+		s.freeBooking(req.SelectionID)
+		return Selection{}, true, Errorf(KindInternal, "selected worker %d is no longer schedulable", c.WorkerID)
+	}
 	if !s.cfg.Router.UseKVEvents && ch.np.recordable {
 		s.recordApproximate(ch.view, c, ch.np.local)
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller went away after the booking landed: release it (§7.3 step 8, §10.6).
 		s.freeBooking(req.SelectionID)
-		return Selection{}, cancelled(err)
+		return Selection{}, true, cancelled(err)
 	}
 	if err := s.commit(&hold, req.SelectionID, WorkerRank(c), steered, ch.view, now); err != nil {
 		s.freeBooking(req.SelectionID)
-		return Selection{}, err
+		return Selection{}, true, err
 	}
-	sel := s.selection(&req, &pr, &ch)
+	sel = s.selection(req, pr, &ch)
 	sel.Booked = true
 	// The ledger owns the booked slice; the caller gets its own copy.
 	sel.SequenceHashes = append(make([]uint64, 0, len(ch.np.seq)), ch.np.seq...)
 	sel.ISLTokens = ch.np.isl
 	sel.TrackPrefillTokens = pr.eff.track
 	sel.KVHint = s.kvHint(p, &ch, req.SelectionID)
-	return sel, nil
+	return sel, true, nil
+}
+
+// stillSchedulable reports whether the catalog still holds workerID as schedulable in key (the
+// dequeue-time re-validation of §7.3 step 5: a DELETE marks the worker draining before its
+// partition view drops it).
+func (s *Service) stillSchedulable(workerID uint64, key PartitionKey) bool {
+	s.mu.RLock()
+	e := s.workers[workerID]
+	s.mu.RUnlock()
+	return e != nil && e.key == key && e.state.Lifecycle == LifecycleSchedulable
 }
 
 func cancelled(err error) error {
@@ -365,18 +428,51 @@ func ledgerError(err error) error {
 	return &Error{Kind: KindInternal, Message: err.Error(), Err: err}
 }
 
+// lookup is a request's normalised prompt and its index matches, made against a view of block
+// size bs and eagle hashing eagle. Queue admission makes one and selection reuses it; a queued
+// request keeps its enqueue-time lookup until the overlap refresh (§13.3).
+type lookup struct {
+	np      normPrompt
+	matches []kvindex.Match
+	bs      uint32
+	eagle   bool
+}
+
+// lookupLocked normalises req's prompt for view v and matches it against v's index (the matches
+// live in p.sc.matches until the next lookup). Errors: the §6.3 prompt errors. Caller holds p.mu.
+func (s *Service) lookupLocked(p *partition, v *partView, req *SelectRequest, pr *prepared) (lookup, error) {
+	np, err := normalizePrompt(&req.Prompt, v.blockSize, v.isEagle, pr.eff.assumeReuse)
+	if err != nil {
+		return lookup{}, err
+	}
+	lk := lookup{np: np, bs: v.blockSize, eagle: v.isEagle}
+	if len(np.local) > 0 && v.index != nil {
+		if v.index.approx != nil {
+			v.index.approx.ExpireBefore(s.now()) // exact TTL at lookup time (§15.1)
+		}
+		p.sc.matches = v.index.lookup.FindMatches(np.local, p.sc.matches[:0])
+		lk.matches = p.sc.matches
+	}
+	return lk, nil
+}
+
 // selectLocked runs normalisation, eligibility (§8) and the policy (§9, §17) in partition p.
-// target is the §8 step 6 exact target (affinity_target or the session binding; nil = none).
-// Caller holds p.mu.
-func (s *Service) selectLocked(p *partition, req *SelectRequest, pr *prepared, target *AffinityTarget) (choice, error) {
+// target is the §8 step 6 exact target (affinity_target or the session binding; nil = none). lk,
+// when non-nil and made with the view's hashing parameters, supplies the prompt and its matches
+// instead of a fresh lookup. Caller holds p.mu.
+func (s *Service) selectLocked(p *partition, req *SelectRequest, pr *prepared, target *AffinityTarget, lk *lookup) (choice, error) {
 	v := p.view.Load()
 	if len(v.workers) == 0 {
 		return choice{}, s.notReady(pr.key)
 	}
-	np, err := normalizePrompt(&req.Prompt, v.blockSize, v.isEagle, pr.eff.assumeReuse)
-	if err != nil {
-		return choice{}, err
+	if lk == nil || lk.bs != v.blockSize || lk.eagle != v.isEagle {
+		fresh, err := s.lookupLocked(p, v, req, pr)
+		if err != nil {
+			return choice{}, err
+		}
+		lk = &fresh
 	}
+	np := lk.np
 	sc := &p.sc
 	n := len(v.cands)
 
@@ -392,15 +488,9 @@ func (s *Service) selectLocked(p *partition, req *SelectRequest, pr *prepared, t
 	sc.loaded = sc.loaded[:n]
 	clear(sc.loaded)
 	sc.loads, sc.adds = sc.loads[:n], sc.adds[:n]
-	if len(np.local) > 0 && v.index != nil {
-		if v.index.approx != nil {
-			v.index.approx.ExpireBefore(s.now()) // exact TTL at lookup time (§15.1)
-		}
-		sc.matches = v.index.lookup.FindMatches(np.local, sc.matches[:0])
-		for _, m := range sc.matches {
-			if i, ok := v.pos[m.Candidate]; ok {
-				sc.tiers[i] = tierMatch{device: m.Device, host: m.HostExt, disk: m.DiskExt + m.ExternalExt}
-			}
+	for _, m := range lk.matches {
+		if i, ok := v.pos[m.Candidate]; ok {
+			sc.tiers[i] = tierMatch{device: m.Device, host: m.HostExt, disk: m.DiskExt + m.ExternalExt}
 		}
 	}
 

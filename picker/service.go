@@ -43,6 +43,10 @@ type Service struct {
 	mu         sync.RWMutex
 	workers    map[uint64]*workerEntry
 	partitions map[PartitionKey]*partition
+	// byName indexes partitions by PartitionKey.String(), the ledger's Booking.Partition.
+	byName map[string]*partition
+	// queued counts the requests waiting in every partition's queue (§13).
+	queued atomic.Int64
 
 	schedulable      atomic.Int64 // number of schedulable workers catalog-wide
 	shuttingDown     atomic.Bool
@@ -85,6 +89,7 @@ func New(cfg Config) (*Service, error) {
 		factory:    factory,
 		workers:    make(map[uint64]*workerEntry),
 		partitions: make(map[PartitionKey]*partition),
+		byName:     make(map[string]*partition),
 		rng:        rand.New(cfg.RandSource()),
 		pending:    ledger.NewPendingCache(cfg.SelectionCache),
 		writerID:   cfg.ReplicaWriterID,
@@ -99,9 +104,20 @@ func New(cfg Config) (*Service, error) {
 }
 
 // BeginShutdown makes every selecting or mutating call fail with 503 "selection service is
-// shutting down" and Ready report not ready (selection-service.md §2, §16). DeleteWorker, Workers,
-// Loads, lifecycle calls on existing reservations keep working. It is idempotent.
-func (s *Service) BeginShutdown() { s.shuttingDown.Store(true) }
+// shutting down" and Ready report not ready (selection-service.md §2, §16), and fails every
+// request waiting in a partition queue with the same 503 (§13.3). DeleteWorker, Workers, Loads,
+// lifecycle calls on existing reservations keep working. It is idempotent.
+func (s *Service) BeginShutdown() {
+	s.shuttingDown.Store(true)
+	for _, p := range s.partitionsSnapshot() {
+		if p.q == nil {
+			continue
+		}
+		p.mu.Lock()
+		s.failQueuedLocked(p, errShuttingDown())
+		p.mu.Unlock()
+	}
+}
 
 // ShuttingDown reports whether BeginShutdown was called.
 func (s *Service) ShuttingDown() bool { return s.shuttingDown.Load() }
@@ -111,8 +127,8 @@ func errShuttingDown() error { return Errorf(KindNotReady, "selection service is
 // Run performs the service's periodic maintenance until ctx is done and returns ctx.Err():
 // the expiry guard every DefaultExpirySweepInterval (60 s, §10.5), the reservation-index sweep
 // every expiry period (DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS, §10.5), the pending-selection cache
-// sweep with the expiry guard, and, with session affinity on, the affinity reaper every
-// min(TTL, 30 s) (§12.1).
+// sweep with the expiry guard, with session affinity on the affinity reaper every min(TTL, 30 s)
+// (§12.1), and with queueing on the queue recheck every QueueRecheckInterval (60 s, §13.3).
 func (s *Service) Run(ctx context.Context) error {
 	expiry := time.NewTicker(DefaultExpirySweepInterval)
 	defer expiry.Stop()
@@ -123,6 +139,16 @@ func (s *Service) Run(ctx context.Context) error {
 		t := time.NewTicker(min(s.cfg.SessionAffinityTTL, ledger.MaxAffinityReapInterval))
 		defer t.Stop()
 		reap = t.C
+	}
+	var recheck <-chan time.Time
+	if s.cfg.queueing() {
+		iv := s.cfg.QueueRecheckInterval
+		if iv <= 0 {
+			iv = DefaultQueueRecheckInterval
+		}
+		t := time.NewTicker(iv)
+		defer t.Stop()
+		recheck = t.C
 	}
 	for {
 		select {
@@ -136,6 +162,8 @@ func (s *Service) Run(ctx context.Context) error {
 			s.SweepReservations(s.now())
 		case <-reap:
 			s.ReapAffinity(s.now())
+		case <-recheck:
+			s.RecheckQueues()
 		}
 	}
 }

@@ -50,8 +50,9 @@ func TestAcceptance34Shutdown(t *testing.T) {
 	} {
 		e.ok(200, c.method, c.path, "")
 	}
-	// Queued selections failing on shutdown arrive with queueing; listeners stopping on shutdown
-	// is the service runner's job (picker/selectservice TestRunShutdownClosesTheEventListeners).
+	// Queued selections failing on shutdown: TestAcceptance34QueuedSelectionsFailOnShutdown;
+	// listeners stopping on shutdown is the service runner's job (picker/selectservice
+	// TestRunShutdownClosesTheEventListeners).
 }
 
 func TestAcceptance35PolicyFactoryGetsWorkerTypeSelect(t *testing.T) {
@@ -215,9 +216,10 @@ func TestAcceptance41CatalogUpdatesAreAtomicAndDeletesReleaseBookings(t *testing
 }
 
 func TestAcceptance42NoBookingSurvivesItsWorkersRemoval(t *testing.T) {
-	// The queued half of item 42 (re-validation at dequeue, 500 "selected worker {id} is no longer
-	// schedulable") arrives with queueing; without a queue, selection and booking are atomic with
-	// respect to catalog updates, so a booking can never land on a drained worker.
+	// Without a queue, selection and booking are atomic with respect to catalog updates, so a
+	// booking can never outlive a drained worker. The queued half of item 42 (re-validation at
+	// dequeue, 500 "selected worker {id} is no longer schedulable") is
+	// TestAcceptance42QueuedBookingOnADrainedWorker in conformance_queue_test.go.
 	e := newEnv(t)
 	e.worker(1, "")
 	e.worker(2, "")

@@ -233,14 +233,4 @@ func TestAcceptance66CustomPolicyInputs(t *testing.T) {
 	}
 }
 
-func TestAcceptance67QueueOrdering(t *testing.T) {
-	t.Skip("queueing arrives with the policy-class queue (selection-service.md §13, not in this issue)")
-}
-
-func TestAcceptance68PolicyClassQueue(t *testing.T) {
-	t.Skip("queueing arrives with the policy-class queue (selection-service.md §13, not in this issue)")
-}
-
-func TestAcceptance48QueueRefresh(t *testing.T) {
-	t.Skip("queueing arrives with the policy-class queue (selection-service.md §13, not in this issue)")
-}
+// Items 48, 67 and 68 are in conformance_queue_test.go.

@@ -149,16 +149,7 @@ func TestAcceptance05NotReadyWithoutSchedulableWorkers(t *testing.T) {
 	}
 }
 
-func TestAcceptance06QueueingRequiresMaxNumBatchedTokens(t *testing.T) {
-	e := newEnv(t, func(c *picker.Config) { th := 1.0; c.Router.QueueThreshold = &th })
-	w := e.worker(1, "")
-	reasons, _ := w["not_schedulable_reasons"].([]any)
-	if w["lifecycle"] != "incomplete" || len(reasons) != 1 || !strings.Contains(reasons[0].(string), "max_num_batched_tokens") {
-		t.Fatalf("worker = %v", w)
-	}
-	e.fails(503, "no schedulable workers", "POST", "/select", `{"model_name":"model",`+prompt+`}`)
-	// Admission through the queue itself (the rest of item 6) arrives with queueing (§13).
-}
+// Item 6 is TestAcceptance06QueueingRequiresMaxNumBatchedTokens in conformance_queue_test.go.
 
 func TestAcceptance07SelectResponseShape(t *testing.T) {
 	e := newEnv(t)
@@ -215,9 +206,7 @@ func TestAcceptance09SelectAndReserveBooksOnce(t *testing.T) {
 	e.wantLoad(1, 0, 0, 0, 0)
 }
 
-func TestAcceptance10PolicyClassQueueRejection(t *testing.T) {
-	t.Skip("queueing arrives with the policy-class queue (selection-service.md §13, not in this issue)")
-}
+// Item 10 is TestAcceptance10PolicyClassQueueRejection in conformance_queue_test.go.
 
 func TestAcceptance11OutputBlock(t *testing.T) {
 	e := newEnv(t)
