@@ -1,0 +1,210 @@
+package runner
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kvepp/kvepp/extproc"
+	"github.com/kvepp/kvepp/extproc/tokenizer"
+	"github.com/kvepp/kvepp/kvindex"
+	"github.com/kvepp/kvepp/kvindex/kvevents"
+	"github.com/kvepp/kvepp/picker"
+)
+
+// kvEventSource adapts *kvevents.Manager to picker.KVEventSource: the core attaches a worker's
+// listeners with the partition index as the sink and detaches them on removal.
+type kvEventSource struct{ m *kvevents.Manager }
+
+var _ picker.KVEventSource = kvEventSource{}
+
+// AttachWorker implements picker.KVEventSource.
+func (a kvEventSource) AttachWorker(spec picker.WorkerEventSpec, idx *kvindex.Index) error {
+	return a.m.Attach(kvevents.WorkerSpec{
+		WorkerID:       spec.WorkerID,
+		BlockSize:      spec.BlockSize,
+		IsEagle:        spec.IsEagle,
+		DPStartRank:    spec.DPStartRank,
+		DPSize:         spec.DPSize,
+		Endpoints:      spec.Endpoints,
+		ReplayEndpoint: spec.ReplayEndpoint,
+	}, idx)
+}
+
+// DetachWorker implements picker.KVEventSource.
+func (a kvEventSource) DetachWorker(workerID uint64) { a.m.Detach(workerID) }
+
+// tokenizerSet implements extproc.Tokenizers over tokenizers loaded once per directory and shared
+// by every model and stream that uses them (epp.md §5.4 "load once per model").
+type tokenizerSet struct {
+	byModel map[string]extproc.RequestTokenizer
+	def     extproc.RequestTokenizer // DYN_EPP_TOKENIZER_DIR's, or the byte fallback; may be nil
+}
+
+var _ extproc.Tokenizers = (*tokenizerSet)(nil)
+
+// ForModel implements extproc.Tokenizers: the model's own tokenizer from DYN_EPP_TOKENIZERS, else
+// the default one. A model with neither is an internal error (a deployment mistake, 500).
+func (s *tokenizerSet) ForModel(model string) (extproc.RequestTokenizer, error) {
+	if t, ok := s.byModel[model]; ok {
+		return t, nil
+	}
+	if s.def != nil {
+		return s.def, nil
+	}
+	models := make([]string, 0, len(s.byModel))
+	for m := range s.byModel {
+		models = append(models, m)
+	}
+	sort.Strings(models)
+	return nil, picker.Errorf(picker.KindInternal, "no tokenizer is configured for model %q (DYN_EPP_TOKENIZERS lists %v and DYN_EPP_TOKENIZER_DIR is unset)", model, models)
+}
+
+// loadTokenizers builds the Tokenizers of the configured protocol: local loads every distinct
+// directory once (errors name the setting); none uses the byte-level fallback.
+func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
+	set := &tokenizerSet{byModel: map[string]extproc.RequestTokenizer{}}
+	switch cfg.EffectiveTokenizerProtocol() {
+	case TokenizerProtocolNone:
+		log.Warn().Msg("DYN_EPP_TOKENIZER_PROTOCOL=none: prompts are hashed from their raw bytes (approximate mode only); cache hits are learned from kvepp's own routing")
+		set.def = byteTokenizer{}
+		return set, nil
+	case TokenizerProtocolLocal:
+	default:
+		return nil, fmt.Errorf("invalid DYN_EPP_TOKENIZER_PROTOCOL %q: not supported", cfg.EffectiveTokenizerProtocol())
+	}
+	load := func(setting, dir string) (*tokenizer.Tokenizer, error) {
+		t, err := loadedTokenizers.load(dir, log)
+		if err != nil {
+			return nil, fmt.Errorf("invalid %s %q: %w", setting, dir, err)
+		}
+		return t, nil
+	}
+	if cfg.TokenizerDir != "" {
+		t, err := load("DYN_EPP_TOKENIZER_DIR", cfg.TokenizerDir)
+		if err != nil {
+			return nil, err
+		}
+		set.def = t
+	}
+	models := make([]string, 0, len(cfg.Tokenizers))
+	for m := range cfg.Tokenizers {
+		models = append(models, m)
+	}
+	sort.Strings(models)
+	for _, m := range models {
+		t, err := load("DYN_EPP_TOKENIZERS["+strconv.Quote(m)+"]", cfg.Tokenizers[m])
+		if err != nil {
+			return nil, err
+		}
+		set.byModel[m] = t
+	}
+	return set, nil
+}
+
+// tokenizerCache shares loaded tokenizers process-wide: a directory is loaded once and reused by
+// every model that names it and by later Starts in the same process (tests, custom binaries that
+// restart an Instance) as long as its tokenizer.json and tokenizer_config.json are unchanged
+// (same size and modification time). Loading the 11 MB Qwen3 file takes seconds.
+type tokenizerCache struct {
+	mu      sync.Mutex
+	entries map[string]cachedTokenizer
+}
+
+type cachedTokenizer struct {
+	stamp string
+	tok   *tokenizer.Tokenizer
+}
+
+var loadedTokenizers = &tokenizerCache{entries: map[string]cachedTokenizer{}}
+
+// load returns the tokenizer of dir, loading it when it is not cached or its files changed.
+func (c *tokenizerCache) load(dir string, log zerolog.Logger) (*tokenizer.Tokenizer, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	stamp := ""
+	for _, name := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		st, err := os.Stat(filepath.Join(abs, name))
+		if err != nil {
+			return nil, err
+		}
+		stamp += fmt.Sprintf("%s:%d:%d;", name, st.Size(), st.ModTime().UnixNano())
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.entries[abs]; ok && e.stamp == stamp {
+		return e.tok, nil
+	}
+	start := time.Now()
+	t, err := tokenizer.Load(abs)
+	if err != nil {
+		return nil, err
+	}
+	log.Info().Str("dir", abs).Dur("took", time.Since(start)).Msg("tokenizer loaded")
+	c.entries[abs] = cachedTokenizer{stamp: stamp, tok: t}
+	return t, nil
+}
+
+// byteTokenizer is the fallback of DYN_EPP_TOKENIZER_PROTOCOL=none (approximate mode only): the
+// "tokens" are the bytes of the prompt field's JSON text (messages for chat, prompt for
+// completions, instructions followed by input for responses), one token id per byte. Two requests
+// that share a conversation prefix share a byte prefix, so the approximate index — which learns from
+// kvepp's own bookings, never from engine events — still finds their common blocks.
+type byteTokenizer struct{}
+
+var _ extproc.RequestTokenizer = byteTokenizer{}
+
+// TokenizeChat implements extproc.RequestTokenizer.
+func (byteTokenizer) TokenizeChat(body []byte) ([]uint32, error) {
+	var b struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return nil, fmt.Errorf("%w: %v", extproc.ErrTokenizerBadRequest, err)
+	}
+	return bytesToIDs(nil, b.Messages), nil
+}
+
+// TokenizeCompletion implements extproc.RequestTokenizer: a string prompt contributes its text;
+// any other prompt form its JSON text.
+func (byteTokenizer) TokenizeCompletion(body []byte) ([]uint32, error) {
+	var b struct {
+		Prompt json.RawMessage `json:"prompt"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return nil, fmt.Errorf("%w: %v", extproc.ErrTokenizerBadRequest, err)
+	}
+	var s string
+	if json.Unmarshal(b.Prompt, &s) == nil {
+		return bytesToIDs(nil, []byte(s)), nil
+	}
+	return bytesToIDs(nil, b.Prompt), nil
+}
+
+// TokenizeResponses implements extproc.RequestTokenizer.
+func (byteTokenizer) TokenizeResponses(body []byte) ([]uint32, error) {
+	var b struct {
+		Instructions json.RawMessage `json:"instructions"`
+		Input        json.RawMessage `json:"input"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return nil, fmt.Errorf("%w: %v", extproc.ErrTokenizerBadRequest, err)
+	}
+	return bytesToIDs(bytesToIDs(nil, b.Instructions), b.Input), nil
+}
+
+func bytesToIDs(dst []uint32, b []byte) []uint32 {
+	for _, c := range b {
+		dst = append(dst, uint32(c))
+	}
+	return dst
+}

@@ -1,0 +1,780 @@
+package runner
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+	"github.com/rs/zerolog"
+)
+
+// Tokenizer protocols accepted by DYN_EPP_TOKENIZER_PROTOCOL (epp.md §5.4).
+const (
+	TokenizerProtocolLocal      = "local"
+	TokenizerProtocolVLLMRender = "vllm-render"
+	TokenizerProtocolNone       = "none"
+)
+
+// Config is the complete, validated configuration of one kvepp process: every field has the DYN_*
+// environment name of epp.md §2 / selection-service.md §19.2 in its `env` tag, a default in
+// `envDefault`, and (where useful) a command-line flag in its `flag` tag. Flags win over the
+// environment. Build one with LoadConfig (environment + flags) or DefaultConfig (defaults only, for
+// tests) and check it with Validate; Start validates again.
+type Config struct {
+	// --- ports and listeners (epp.md §1) ---
+
+	// BindAddress is the host every listener binds ("" = all interfaces; tests use "127.0.0.1").
+	BindAddress string `env:"DYN_EPP_BIND_ADDRESS" flag:"bind-address" help:"host every listener binds (empty = all interfaces)"`
+	// GRPCPort is the ext_proc gRPC port (0 = an ephemeral port, reported by Instance.Addrs).
+	GRPCPort int `env:"DYN_EPP_GRPC_PORT" envDefault:"9002" flag:"grpc-port" help:"ext_proc gRPC port"`
+	// GRPCHealthPort is the plaintext grpc.health.v1 port (epp.md §9).
+	GRPCHealthPort int `env:"DYN_EPP_GRPC_HEALTH_PORT" envDefault:"9003" flag:"grpc-health-port" help:"plaintext gRPC health port"`
+	// SelectionHTTPPort is the selection HTTP side port (epp.md §11.3).
+	SelectionHTTPPort int `env:"DYN_EPP_SELECTION_HTTP_PORT" envDefault:"8092" flag:"selection-http-port" help:"selection HTTP API side port"`
+	// MetricsPort serves GET /metrics (epp.md §12).
+	MetricsPort int `env:"DYN_EPP_METRICS_PORT" envDefault:"9090" flag:"metrics-port" help:"Prometheus metrics port"`
+
+	// --- mode and discovery (epp.md §2, §10) ---
+
+	// Mode is DYN_EPP_MODE; only "standalone" is implemented.
+	Mode string `env:"DYN_EPP_MODE" envDefault:"standalone" flag:"mode" help:"EPP mode (only standalone)"`
+	// WorkersFile is the watched YAML/JSON workers file (picker/discovery).
+	WorkersFile string `env:"DYN_EPP_WORKERS_FILE" flag:"workers-file" help:"YAML or JSON list of worker records, watched for changes"`
+	// InferencePoolName selects Kubernetes discovery, which this build does not include yet.
+	InferencePoolName string `env:"DYN_EPP_INFERENCE_POOL_NAME" flag:"inference-pool-name" help:"InferencePool to serve (Kubernetes discovery; not supported by this build)"`
+	// KubeDiscoveryMode is DYN_KUBE_DISCOVERY_MODE; only "pod".
+	KubeDiscoveryMode string `env:"DYN_KUBE_DISCOVERY_MODE" envDefault:"pod" help:"Kubernetes discovery mode (only pod)"`
+	// ModelName is DYN_MODEL_NAME: the partition model of discovered workers and of workers-file
+	// records that omit model_name, and the partition requests without a served model fall back to.
+	ModelName string `env:"DYN_MODEL_NAME" flag:"model-name" help:"served model name (partition of discovered workers)"`
+	// BlockSize is DYN_KV_CACHE_BLOCK_SIZE in tokens: the block size of discovered workers and of
+	// worker records that omit one. Must be > 0; 1 is accepted with a warning (epp.md §13.8).
+	BlockSize int `env:"DYN_KV_CACHE_BLOCK_SIZE" envDefault:"16" flag:"block-size" help:"KV cache block size in tokens for records that omit block_size"`
+	// MaxNumBatchedTokens (tokens) is given to workers-file records without max_num_batched_tokens
+	// (DYN_EPP_MAX_NUM_BATCHED_TOKENS); required by queueing.
+	MaxNumBatchedTokens OptFloat `env:"DYN_EPP_MAX_NUM_BATCHED_TOKENS" help:"max_num_batched_tokens of records that omit it"`
+	// TotalKVBlocks (blocks) is given to workers-file records without total_kv_blocks
+	// (DYN_EPP_TOTAL_KV_BLOCKS).
+	TotalKVBlocks OptFloat `env:"DYN_EPP_TOTAL_KV_BLOCKS" help:"total_kv_blocks of records that omit it"`
+	// IndexerPeers is DYN_EPP_INDEXER_PEERS (comma list of base URLs for startup /dump recovery).
+	IndexerPeers []string `env:"DYN_EPP_INDEXER_PEERS" flag:"indexer-peers" help:"comma list of peer selection base URLs for /dump recovery"`
+	// RecoveryTimeout bounds startup recovery (DYN_EPP_RECOVERY_TIMEOUT_SECS, seconds).
+	RecoveryTimeout Seconds `env:"DYN_EPP_RECOVERY_TIMEOUT_SECS" envDefault:"30" flag:"recovery-timeout-secs" help:"bound on startup /dump recovery, seconds"`
+
+	// --- tokenization (epp.md §5.4) ---
+
+	// TokenizerProtocol is local, vllm-render or none; empty = derived (local when a tokenizer dir
+	// is set, vllm-render when a service URL is set, else none).
+	TokenizerProtocol string `env:"DYN_EPP_TOKENIZER_PROTOCOL" flag:"tokenizer-protocol" help:"local | vllm-render | none (default derived)"`
+	// TokenizerDir is the default local tokenizer directory (tokenizer.json + tokenizer_config.json).
+	TokenizerDir string `env:"DYN_EPP_TOKENIZER_DIR" flag:"tokenizer-dir" help:"directory with tokenizer.json and tokenizer_config.json"`
+	// Tokenizers maps model name → tokenizer directory ("model=dir,model2=dir2").
+	Tokenizers ModelDirs `env:"DYN_EPP_TOKENIZERS" flag:"tokenizers" help:"per-model tokenizer directories: model=dir,…"`
+	// TokenizerServiceURL is the vLLM render API base URL (vllm-render mode).
+	TokenizerServiceURL string `env:"DYN_EPP_TOKENIZER_SERVICE_URL" flag:"tokenizer-service-url" help:"vLLM render API base URL"`
+	// TokenizationTimeout bounds one tokenizer call (DYN_EPP_TOKENIZATION_TIMEOUT_MS, milliseconds).
+	TokenizationTimeout Millis `env:"DYN_EPP_TOKENIZATION_TIMEOUT_MS" envDefault:"5000" help:"per tokenizer call, milliseconds"`
+
+	// --- ext_proc limits and serving (epp.md §2, §5, §9) ---
+
+	// MaxRequestBodyBytes caps an accumulated request body; larger → 413.
+	MaxRequestBodyBytes int64 `env:"DYN_EPP_MAX_REQUEST_BODY_BYTES" envDefault:"67108864" flag:"max-request-body-bytes" help:"request body cap in bytes (larger → 413)"`
+	// MaxInflightRequests caps requests in the routing phase; more → 429.
+	MaxInflightRequests int `env:"DYN_EPP_MAX_INFLIGHT_REQUESTS" envDefault:"1024" flag:"max-inflight-requests" help:"concurrent requests in the routing phase"`
+	// MaxDestinations is the destination list length (1 = primary only).
+	MaxDestinations int `env:"DYN_EPP_MAX_DESTINATIONS" envDefault:"1" flag:"max-destinations" help:"destinations per routing reply (primary + fallbacks)"`
+	// DrainTimeout is the graceful drain window after SIGTERM (DYN_EPP_DRAIN_TIMEOUT_SECS, seconds).
+	DrainTimeout Seconds `env:"DYN_EPP_DRAIN_TIMEOUT_SECS" envDefault:"15" flag:"drain-timeout-secs" help:"graceful drain window after SIGTERM, seconds"`
+	// SecureServing enables TLS on the ext_proc port (alias DYN_SECURE_SERVING).
+	SecureServing Bool `env:"DYN_EPP_SECURE_SERVING" envDefault:"true" flag:"secure-serving" help:"TLS on the ext_proc port (false = plaintext h2c)"`
+	// CertPath is a directory with tls.crt/tls.key (reloaded on change); empty = self-signed.
+	CertPath string `env:"DYN_EPP_CERT_PATH" flag:"cert-path" help:"directory with tls.crt and tls.key"`
+
+	// --- router configuration (selection-service.md §19.2) ---
+
+	// OverlapScoreCredit is the credit per cached device block (finite ≥ 0).
+	OverlapScoreCredit float64 `env:"DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT" envDefault:"1.0" flag:"router-kv-overlap-score-credit" help:"cost credit per cached device block"`
+	// OverlapScoreCreditDecay decays the credit (finite ≥ 0; 0 disables).
+	OverlapScoreCreditDecay float64 `env:"DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY" envDefault:"0.0" help:"overlap credit decay (0 disables)"`
+	// PrefillLoadScale scales active prefill load in the cost (finite ≥ 0).
+	PrefillLoadScale float64 `env:"DYN_ROUTER_PREFILL_LOAD_SCALE" envDefault:"1.0" flag:"router-prefill-load-scale" help:"prefill load scale"`
+	// DecodeActiveRequestWeight weighs active requests in the decode cost (finite ≥ 0).
+	DecodeActiveRequestWeight float64 `env:"DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT" envDefault:"0.0" help:"decode cost weight per active request"`
+	// HostCacheHitWeight weighs host-pinned extension blocks, in [0, 1].
+	HostCacheHitWeight float64 `env:"DYN_ROUTER_HOST_CACHE_HIT_WEIGHT" envDefault:"0.75" help:"weight of host-pinned cache hits [0,1]"`
+	// DiskCacheHitWeight weighs disk extension blocks, in [0, 1].
+	DiskCacheHitWeight float64 `env:"DYN_ROUTER_DISK_CACHE_HIT_WEIGHT" envDefault:"0.25" help:"weight of disk cache hits [0,1]"`
+	// OverlapScoreWeight is the deprecated DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT (alias
+	// DYN_OVERLAP_SCORE_WEIGHT): when set, prefill_load_scale = value and, if 0, credit = 0 (§9.6).
+	OverlapScoreWeight OptFloat `env:"DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT" help:"deprecated; see selection-service.md §9.6"`
+	// RouterTemperature is the softmax temperature (finite ≥ 0; 0 = argmin).
+	RouterTemperature float64 `env:"DYN_ROUTER_TEMPERATURE" envDefault:"0.0" flag:"router-temperature" help:"softmax sampling temperature (0 = lowest cost)"`
+	// UseKVEvents selects event-driven indexing (alias DYN_USE_KV_EVENTS); false = approximate mode.
+	UseKVEvents Bool `env:"DYN_ROUTER_USE_KV_EVENTS" envDefault:"true" flag:"use-kv-events" help:"index from worker KV events (false = approximate mode)"`
+	// TrackActiveBlocks counts active blocks per worker rank.
+	TrackActiveBlocks Bool `env:"DYN_ROUTER_TRACK_ACTIVE_BLOCKS" envDefault:"true" help:"track active blocks"`
+	// TrackOutputBlocks grows bookings with output blocks; requires TrackActiveBlocks.
+	TrackOutputBlocks Bool `env:"DYN_ROUTER_TRACK_OUTPUT_BLOCKS" envDefault:"false" help:"track output blocks (requires active blocks)"`
+	// AssumeKVReuse assumes shared prefixes are reused on the worker.
+	AssumeKVReuse Bool `env:"DYN_ROUTER_ASSUME_KV_REUSE" envDefault:"true" flag:"router-assume-kv-reuse" help:"assume KV reuse of shared active blocks"`
+	// TrackPrefillTokens books prefill tokens until prefill completes.
+	TrackPrefillTokens Bool `env:"DYN_ROUTER_TRACK_PREFILL_TOKENS" envDefault:"true" help:"track active prefill tokens"`
+	// ActiveRequestExpiry is the booking expiry guard (DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS, > 0).
+	ActiveRequestExpiry Seconds `env:"DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS" envDefault:"300" help:"expiry guard for bookings, seconds"`
+	// ApproximateTTL is the approximate-mode block TTL (DYN_ROUTER_TTL_SECS, > 0).
+	ApproximateTTL Seconds `env:"DYN_ROUTER_TTL_SECS" envDefault:"120" help:"approximate-mode block TTL, seconds"`
+	// MaxTreeSize is the approximate-mode prune trigger in (node, candidate) entries (> 0).
+	MaxTreeSize int `env:"DYN_ROUTER_MAX_TREE_SIZE" envDefault:"1048576" help:"approximate-mode index size that triggers pruning, entries"`
+	// PruneTargetRatio is the fraction of MaxTreeSize pruning shrinks to, in (0, 1).
+	PruneTargetRatio float64 `env:"DYN_ROUTER_PRUNE_TARGET_RATIO" envDefault:"0.8" help:"approximate-mode prune target, fraction of the max tree size"`
+	// QueueThreshold enables queueing when set (router_queue_threshold, ≥ 0; selection-service.md §13).
+	QueueThreshold OptFloat `env:"DYN_ROUTER_QUEUE_THRESHOLD" help:"queue threshold (unset = queueing off)"`
+	// PrefillBusyThreshold enables the advisory prefill_busy flag (≥ 0).
+	PrefillBusyThreshold OptFloat `env:"DYN_ROUTER_CONDITIONAL_DISAGG_PREFILL_BUSY_THRESHOLD" help:"prefill busy threshold (unset = off)"`
+	// DecodeBusyThreshold enables the decode_busy flag (≥ 0).
+	DecodeBusyThreshold OptFloat `env:"DYN_ROUTER_CONDITIONAL_DISAGG_DECODE_BUSY_THRESHOLD" help:"decode busy threshold (unset = off)"`
+	// ApproximateCachePolicy is ttl or lru (lru with KV events → startup error).
+	ApproximateCachePolicy string `env:"DYN_ROUTER_APPROXIMATE_CACHE_POLICY" envDefault:"ttl" help:"approximate-mode cache policy (ttl | lru)"`
+	// PolicyConfig is the worker-selection policy YAML path (selection-service.md §18).
+	PolicyConfig string `env:"DYN_ROUTER_POLICY_CONFIG" flag:"router-policy-config" help:"worker-selection policy YAML path"`
+	// WorkerSelectionPolicy overrides the YAML's default instance name ("default" = built-in).
+	WorkerSelectionPolicy string `env:"DYN_ROUTER_WORKER_SELECTION_POLICY" flag:"router-worker-selection-policy" help:"policy instance name (default = built-in)"`
+	// SessionAffinityTTL enables session affinity when set (1–31,536,000 s).
+	SessionAffinityTTL OptFloat `env:"DYN_ROUTER_SESSION_AFFINITY_TTL_SECS" flag:"session-affinity-ttl-secs" help:"session affinity TTL in seconds (unset = off)"`
+	// SharedCacheType must be "none" (selection-service.md §19.2).
+	SharedCacheType string `env:"DYN_SHARED_CACHE_TYPE" envDefault:"none" help:"shared cache type (only none)"`
+	// TrackingHash must be "public-xxh3-v1".
+	TrackingHash string `env:"DYN_ROUTER_TRACKING_HASH" envDefault:"public-xxh3-v1" flag:"router-tracking-hash" help:"tracking hash (only public-xxh3-v1)"`
+
+	// --- logging ---
+
+	// LogLevel is the zerolog level: trace, debug, info, warn, error.
+	LogLevel string `env:"DYN_LOG" envDefault:"info" flag:"log-level" help:"log level: trace|debug|info|warn|error"`
+
+	// raw remembers the string each setting was read from, and loaded the formatted value it
+	// parsed to, so error messages quote the user's text while the value is unchanged.
+	raw, loaded map[string]string
+	// selectService marks a configuration for `epp select-service` (HTTP API only): the ext_proc,
+	// tokenizer and discovery settings are not checked.
+	selectService bool
+}
+
+// envAliases maps an alias to the canonical variable it stands for; the canonical name wins when
+// both are set (epp.md §2, selection-service.md §19.2).
+var envAliases = map[string]string{
+	"DYN_USE_KV_EVENTS":        "DYN_ROUTER_USE_KV_EVENTS",
+	"DYN_SECURE_SERVING":       "DYN_EPP_SECURE_SERVING",
+	"DYN_OVERLAP_SCORE_WEIGHT": "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT",
+	"DYN_LOG_LEVEL":            "DYN_LOG",
+}
+
+// Bool is a boolean setting that accepts true/false/1/0/yes/no in any letter case
+// (selection-service.md §19.2); anything else is an error.
+type Bool bool
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (b *Bool) UnmarshalText(text []byte) error {
+	v, err := ParseBool(string(text))
+	if err != nil {
+		return err
+	}
+	*b = Bool(v)
+	return nil
+}
+
+// ParseBool parses true/false/1/0/yes/no case-insensitively (surrounding spaces ignored).
+func ParseBool(s string) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "true", "1", "yes":
+		return true, nil
+	case "false", "0", "no":
+		return false, nil
+	}
+	return false, errors.New("must be one of true, false, 1, 0, yes, no")
+}
+
+// Seconds is a duration setting written in (possibly fractional) seconds.
+type Seconds time.Duration
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (s *Seconds) UnmarshalText(text []byte) error {
+	f, err := strconv.ParseFloat(strings.TrimSpace(string(text)), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return errors.New("must be a finite number of seconds")
+	}
+	if f < 0 {
+		return errors.New("must be >= 0")
+	}
+	if f > float64(math.MaxInt64)/float64(time.Second) {
+		return errors.New("is too large")
+	}
+	*s = Seconds(time.Duration(f * float64(time.Second)))
+	return nil
+}
+
+// Duration returns the value as a time.Duration.
+func (s Seconds) Duration() time.Duration { return time.Duration(s) }
+
+// Millis is a duration setting written in whole milliseconds.
+type Millis time.Duration
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (m *Millis) UnmarshalText(text []byte) error {
+	v, err := strconv.ParseInt(strings.TrimSpace(string(text)), 10, 64)
+	if err != nil {
+		return errors.New("must be an integer number of milliseconds")
+	}
+	if v <= 0 {
+		return errors.New("must be > 0")
+	}
+	if v > math.MaxInt64/int64(time.Millisecond) {
+		return errors.New("is too large")
+	}
+	*m = Millis(time.Duration(v) * time.Millisecond)
+	return nil
+}
+
+// Duration returns the value as a time.Duration.
+func (m Millis) Duration() time.Duration { return time.Duration(m) }
+
+// OptFloat is an optional number: Set is false when the variable is unset or empty.
+type OptFloat struct {
+	// Set is true when a value was given.
+	Set bool
+	// Value is the number (meaningful only when Set).
+	Value float64
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler; the number must be finite.
+func (o *OptFloat) UnmarshalText(text []byte) error {
+	s := strings.TrimSpace(string(text))
+	if s == "" {
+		*o = OptFloat{}
+		return nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return errors.New("must be a finite number")
+	}
+	*o = OptFloat{Set: true, Value: f}
+	return nil
+}
+
+// ModelDirs maps a model name to a directory; written "model=dir,model2=dir2". Model names may
+// contain '/', so only the first '=' of each entry splits.
+type ModelDirs map[string]string
+
+// UnmarshalText implements encoding.TextUnmarshaler. Empty entries are skipped; an entry without
+// '=', with an empty side, or naming a model twice is an error.
+func (m *ModelDirs) UnmarshalText(text []byte) error {
+	out := ModelDirs{}
+	for _, entry := range strings.Split(string(text), ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		model, dir, ok := strings.Cut(entry, "=")
+		model, dir = strings.TrimSpace(model), strings.TrimSpace(dir)
+		if !ok || model == "" || dir == "" {
+			return fmt.Errorf("entry %q must be model=dir", entry)
+		}
+		if _, dup := out[model]; dup {
+			return fmt.Errorf("model %q is listed twice", model)
+		}
+		out[model] = dir
+	}
+	*m = out
+	return nil
+}
+
+// String renders the map in its input form, models sorted.
+func (m ModelDirs) String() string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + m[k]
+	}
+	return strings.Join(parts, ",")
+}
+
+// parserFuncs replace env's built-in parsers so every message says what a valid value looks like.
+var parserFuncs = map[reflect.Type]env.ParserFunc{
+	reflect.TypeOf(false): func(v string) (any, error) { return ParseBool(v) },
+	reflect.TypeOf(0): func(v string) (any, error) {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 0)
+		if err != nil {
+			return nil, errors.New("must be an integer")
+		}
+		return int(n), nil
+	},
+	reflect.TypeOf(int64(0)): func(v string) (any, error) {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			return nil, errors.New("must be an integer")
+		}
+		return n, nil
+	},
+	reflect.TypeOf(0.0): func(v string) (any, error) {
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			return nil, errors.New("must be a number")
+		}
+		return f, nil
+	},
+}
+
+// DefaultConfig returns the configuration with every default applied and nothing read from the
+// process environment. It still needs a tokenizer (TokenizerDir) or UseKVEvents=false to validate.
+func DefaultConfig() Config {
+	cfg, err := parseEnv(map[string]string{})
+	if err != nil {
+		panic("runner: defaults do not parse: " + err.Error()) // a programming error in the tags
+	}
+	return cfg
+}
+
+// LoadConfig reads the configuration from environ (KEY=VALUE strings, as os.Environ returns) and
+// then from args (flags, which override the environment), and validates it. Errors name the
+// offending setting and value, e.g. `invalid DYN_KV_CACHE_BLOCK_SIZE "0": must be > 0`. A -h/-help
+// flag returns flag.ErrHelp after printing usage to usage (nil = os.Stderr).
+func LoadConfig(environ []string, args []string, usage io.Writer) (Config, error) {
+	return loadConfig(environ, args, usage, false)
+}
+
+// LoadSelectServiceConfig reads the environment part of `epp select-service`'s configuration:
+// the router settings, policy configuration, log level, DYN_EPP_SELECTION_HTTP_PORT and
+// DYN_EPP_BIND_ADDRESS (the defaults of --port and the bind host). Only the settings that service
+// uses are validated; its flags are parsed by picker/selectservice.
+func LoadSelectServiceConfig(environ []string) (Config, error) {
+	return loadConfig(environ, nil, io.Discard, true)
+}
+
+func loadConfig(environ []string, args []string, usage io.Writer, selectService bool) (Config, error) {
+	vars := env.ToMap(environ)
+	for alias, canonical := range envAliases {
+		if v, ok := vars[alias]; ok {
+			if _, set := vars[canonical]; !set {
+				vars[canonical] = v
+			}
+		}
+	}
+	if !selectService {
+		if err := applyFlags(vars, args, usage); err != nil {
+			return Config{}, err
+		}
+	}
+	cfg, err := parseEnv(vars)
+	if err != nil {
+		return Config{}, err
+	}
+	cfg.selectService = selectService
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// settingField describes one Config field's environment name and flag.
+type settingField struct {
+	field, env, flag, help, def string
+	isBool                      bool
+}
+
+// settingFields lists the Config fields that have an env tag, in declaration order.
+func settingFields() []settingField {
+	t := reflect.TypeOf(Config{})
+	var out []settingField
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		if name == "" {
+			continue
+		}
+		out = append(out, settingField{
+			field: f.Name, env: name, flag: f.Tag.Get("flag"), help: f.Tag.Get("help"),
+			def: f.Tag.Get("envDefault"), isBool: f.Type == reflect.TypeOf(Bool(false)),
+		})
+	}
+	return out
+}
+
+// boolFlag is a flag.Value that records a boolean flag's text, allowing "--x" alone.
+type boolFlag struct{ val *string }
+
+// String implements flag.Value.
+func (b boolFlag) String() string {
+	if b.val == nil {
+		return ""
+	}
+	return *b.val
+}
+
+// Set implements flag.Value.
+func (b boolFlag) Set(s string) error { *b.val = s; return nil }
+
+// IsBoolFlag lets the flag be given without a value ("--secure-serving" means true).
+func (b boolFlag) IsBoolFlag() bool { return true }
+
+// applyFlags parses args and copies every flag that was given into vars under its env name.
+func applyFlags(vars map[string]string, args []string, usage io.Writer) error {
+	if usage == nil {
+		usage = os.Stderr
+	}
+	fs := flag.NewFlagSet("epp", flag.ContinueOnError)
+	fs.SetOutput(usage)
+	values := map[string]*string{}
+	byFlag := map[string]settingField{}
+	for _, s := range settingFields() {
+		if s.flag == "" {
+			continue
+		}
+		v := new(string)
+		values[s.flag] = v
+		byFlag[s.flag] = s
+		help := fmt.Sprintf("%s (env %s", s.help, s.env)
+		if s.def != "" {
+			help += ", default " + s.def
+		}
+		help += ")"
+		if s.isBool {
+			fs.Var(boolFlag{v}, s.flag, help)
+		} else {
+			fs.StringVar(v, s.flag, "", help)
+		}
+	}
+	// The standalone service's negative form (selection-service.md §19.1).
+	noReuse := new(string)
+	fs.Var(boolFlag{noReuse}, "no-router-assume-kv-reuse", "disable assume KV reuse (overrides the env value)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var flagErr error
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "no-router-assume-kv-reuse" {
+			v, err := ParseBool(*noReuse)
+			if err != nil {
+				flagErr = fmt.Errorf("invalid flag --no-router-assume-kv-reuse %q: %w", *noReuse, err)
+				return
+			}
+			vars["DYN_ROUTER_ASSUME_KV_REUSE"] = strconv.FormatBool(!v)
+			return
+		}
+		vars[byFlag[f.Name].env] = *values[f.Name]
+	})
+	return flagErr
+}
+
+// parseEnv fills a Config from vars (defaults for what is missing) without validating ranges.
+func parseEnv(vars map[string]string) (Config, error) {
+	var cfg Config
+	raw := map[string]string{}
+	err := env.ParseWithOptions(&cfg, env.Options{
+		Environment: vars,
+		FuncMap:     parserFuncs,
+		OnSet: func(key string, value any, _ bool) {
+			if s, ok := value.(string); ok {
+				raw[key] = s
+			}
+		},
+	})
+	if err != nil {
+		return Config{}, renameParseErrors(err, raw, vars)
+	}
+	cfg.raw = raw
+	cfg.loaded = map[string]string{}
+	rv := reflect.ValueOf(cfg)
+	for _, f := range settingFields() {
+		cfg.loaded[f.env] = fmt.Sprint(rv.FieldByName(f.field).Interface())
+	}
+	return cfg, nil
+}
+
+// renameParseErrors turns env's field-named errors into `invalid DYN_X "value": reason`.
+func renameParseErrors(err error, raw, vars map[string]string) error {
+	envOf := map[string]string{}
+	for _, s := range settingFields() {
+		envOf[s.field] = s.env
+	}
+	var agg env.AggregateError
+	if !errors.As(err, &agg) {
+		return err
+	}
+	var msgs []string
+	for _, e := range agg.Errors {
+		var pe env.ParseError
+		if errors.As(e, &pe) {
+			key := envOf[pe.Name]
+			val, ok := raw[key]
+			if !ok {
+				val = vars[key]
+			}
+			msgs = append(msgs, fmt.Sprintf("invalid %s %q: %v", key, val, pe.Err))
+			continue
+		}
+		msgs = append(msgs, e.Error())
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// rawOf returns the text a setting was read from (or its formatted value when unknown).
+func (c *Config) rawOf(key string, v any) string {
+	cur := fmt.Sprint(v)
+	if s, ok := c.raw[key]; ok && c.loaded[key] == cur {
+		return s
+	}
+	return cur
+}
+
+// invalid formats a validation error naming the setting.
+func (c *Config) invalid(key string, v any, format string, args ...any) error {
+	return fmt.Errorf("invalid %s %q: %s", key, c.rawOf(key, v), fmt.Sprintf(format, args...))
+}
+
+// Validate checks every setting and returns the first problem as an error naming the variable
+// (epp.md §2: invalid or missing required values stop startup; no silent fallbacks). Cross-setting
+// rules: vllm-render needs DYN_EPP_TOKENIZER_SERVICE_URL (and is not supported by this build),
+// local needs a tokenizer directory, none needs DYN_ROUTER_USE_KV_EVENTS=false; at most one of
+// DYN_EPP_WORKERS_FILE and DYN_EPP_INFERENCE_POOL_NAME.
+func (c *Config) Validate() error {
+	if c.selectService {
+		if c.SelectionHTTPPort < 0 || c.SelectionHTTPPort > 65535 {
+			return c.invalid("DYN_EPP_SELECTION_HTTP_PORT", c.SelectionHTTPPort, "must be a port in 0..65535")
+		}
+		return c.validateRouter()
+	}
+	ports := []struct {
+		key string
+		v   int
+	}{
+		{"DYN_EPP_GRPC_PORT", c.GRPCPort},
+		{"DYN_EPP_GRPC_HEALTH_PORT", c.GRPCHealthPort},
+		{"DYN_EPP_SELECTION_HTTP_PORT", c.SelectionHTTPPort},
+		{"DYN_EPP_METRICS_PORT", c.MetricsPort},
+	}
+	seen := map[int]string{}
+	for _, p := range ports {
+		if p.v < 0 || p.v > 65535 {
+			return c.invalid(p.key, p.v, "must be a port in 0..65535")
+		}
+		if other, dup := seen[p.v]; dup && p.v != 0 {
+			return c.invalid(p.key, p.v, "port is already used by %s", other)
+		}
+		seen[p.v] = p.key
+	}
+	if c.Mode != "standalone" {
+		return c.invalid("DYN_EPP_MODE", c.Mode, "only standalone is implemented")
+	}
+	if c.KubeDiscoveryMode != "pod" {
+		return c.invalid("DYN_KUBE_DISCOVERY_MODE", c.KubeDiscoveryMode, "only pod is supported")
+	}
+	if c.InferencePoolName != "" {
+		if c.WorkersFile != "" {
+			return c.invalid("DYN_EPP_INFERENCE_POOL_NAME", c.InferencePoolName, "set at most one of DYN_EPP_INFERENCE_POOL_NAME and DYN_EPP_WORKERS_FILE")
+		}
+		return c.invalid("DYN_EPP_INFERENCE_POOL_NAME", c.InferencePoolName, "Kubernetes InferencePool discovery is not supported by this build yet; use DYN_EPP_WORKERS_FILE or register workers over the HTTP API")
+	}
+	if c.BlockSize <= 0 {
+		return c.invalid("DYN_KV_CACHE_BLOCK_SIZE", c.BlockSize, "must be > 0")
+	}
+	if c.BlockSize > math.MaxUint32 {
+		return c.invalid("DYN_KV_CACHE_BLOCK_SIZE", c.BlockSize, "must fit in 32 bits")
+	}
+
+	if err := c.validateTokenizer(); err != nil {
+		return err
+	}
+
+	if c.MaxRequestBodyBytes <= 0 {
+		return c.invalid("DYN_EPP_MAX_REQUEST_BODY_BYTES", c.MaxRequestBodyBytes, "must be > 0")
+	}
+	if c.MaxRequestBodyBytes > math.MaxInt32-(1<<20) {
+		return c.invalid("DYN_EPP_MAX_REQUEST_BODY_BYTES", c.MaxRequestBodyBytes, "must be <= %d (the gRPC message limit is the body cap + 1 MiB)", math.MaxInt32-(1<<20))
+	}
+	if c.MaxInflightRequests <= 0 {
+		return c.invalid("DYN_EPP_MAX_INFLIGHT_REQUESTS", c.MaxInflightRequests, "must be > 0")
+	}
+	if c.MaxDestinations < 1 {
+		return c.invalid("DYN_EPP_MAX_DESTINATIONS", c.MaxDestinations, "must be >= 1")
+	}
+	if c.CertPath != "" && !bool(c.SecureServing) {
+		return c.invalid("DYN_EPP_CERT_PATH", c.CertPath, "requires DYN_EPP_SECURE_SERVING=true")
+	}
+	for _, o := range []struct {
+		key string
+		v   OptFloat
+	}{
+		{"DYN_EPP_MAX_NUM_BATCHED_TOKENS", c.MaxNumBatchedTokens},
+		{"DYN_EPP_TOTAL_KV_BLOCKS", c.TotalKVBlocks},
+	} {
+		if o.v.Set && (o.v.Value < 1 || o.v.Value != math.Trunc(o.v.Value) || o.v.Value > 1<<53) {
+			return c.invalid(o.key, o.v.Value, "must be a whole number > 0")
+		}
+	}
+	return c.validateRouter()
+}
+
+// validateRouter checks the router settings (selection-service.md §19.2), the peers and logging.
+func (c *Config) validateRouter() error {
+	for _, peer := range c.IndexerPeers {
+		if !strings.HasPrefix(peer, "http://") && !strings.HasPrefix(peer, "https://") {
+			return c.invalid("DYN_EPP_INDEXER_PEERS", strings.Join(c.IndexerPeers, ","), "peer %q must be an http(s) base URL", peer)
+		}
+	}
+	if len(c.IndexerPeers) > 0 && c.RecoveryTimeout <= 0 {
+		return c.invalid("DYN_EPP_RECOVERY_TIMEOUT_SECS", c.RecoveryTimeout.Duration().Seconds(), "must be > 0")
+	}
+
+	nonNeg := []struct {
+		key string
+		v   float64
+	}{
+		{"DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", c.OverlapScoreCredit},
+		{"DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY", c.OverlapScoreCreditDecay},
+		{"DYN_ROUTER_PREFILL_LOAD_SCALE", c.PrefillLoadScale},
+		{"DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", c.DecodeActiveRequestWeight},
+		{"DYN_ROUTER_TEMPERATURE", c.RouterTemperature},
+	}
+	for _, f := range nonNeg {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
+			return c.invalid(f.key, f.v, "must be a finite number >= 0")
+		}
+	}
+	unit := []struct {
+		key string
+		v   float64
+	}{
+		{"DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", c.HostCacheHitWeight},
+		{"DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", c.DiskCacheHitWeight},
+	}
+	for _, f := range unit {
+		if math.IsNaN(f.v) || f.v < 0 || f.v > 1 {
+			return c.invalid(f.key, f.v, "must be in [0, 1]")
+		}
+	}
+	if c.OverlapScoreWeight.Set && c.OverlapScoreWeight.Value < 0 {
+		return c.invalid("DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT", c.OverlapScoreWeight.Value, "must be a finite number >= 0")
+	}
+	if bool(c.TrackOutputBlocks) && !bool(c.TrackActiveBlocks) {
+		return c.invalid("DYN_ROUTER_TRACK_OUTPUT_BLOCKS", c.TrackOutputBlocks, "requires DYN_ROUTER_TRACK_ACTIVE_BLOCKS=true")
+	}
+	if c.ActiveRequestExpiry <= 0 {
+		return c.invalid("DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", c.ActiveRequestExpiry.Duration().Seconds(), "must be > 0")
+	}
+	if c.ApproximateTTL <= 0 {
+		return c.invalid("DYN_ROUTER_TTL_SECS", c.ApproximateTTL.Duration().Seconds(), "must be > 0")
+	}
+	if c.MaxTreeSize <= 0 {
+		return c.invalid("DYN_ROUTER_MAX_TREE_SIZE", c.MaxTreeSize, "must be > 0")
+	}
+	if !(c.PruneTargetRatio > 0 && c.PruneTargetRatio < 1) {
+		return c.invalid("DYN_ROUTER_PRUNE_TARGET_RATIO", c.PruneTargetRatio, "must be in (0, 1)")
+	}
+	for _, o := range []struct {
+		key string
+		v   OptFloat
+	}{
+		{"DYN_ROUTER_QUEUE_THRESHOLD", c.QueueThreshold},
+		{"DYN_ROUTER_CONDITIONAL_DISAGG_PREFILL_BUSY_THRESHOLD", c.PrefillBusyThreshold},
+		{"DYN_ROUTER_CONDITIONAL_DISAGG_DECODE_BUSY_THRESHOLD", c.DecodeBusyThreshold},
+	} {
+		if o.v.Set && o.v.Value < 0 {
+			return c.invalid(o.key, o.v.Value, "must be a finite number >= 0")
+		}
+	}
+	switch c.ApproximateCachePolicy {
+	case "ttl":
+	case "lru":
+		if c.UseKVEvents {
+			return c.invalid("DYN_ROUTER_APPROXIMATE_CACHE_POLICY", c.ApproximateCachePolicy, "lru is not allowed with DYN_ROUTER_USE_KV_EVENTS=true")
+		}
+	default:
+		return c.invalid("DYN_ROUTER_APPROXIMATE_CACHE_POLICY", c.ApproximateCachePolicy, "must be ttl or lru")
+	}
+	if c.SessionAffinityTTL.Set {
+		if v := c.SessionAffinityTTL.Value; v < 1 || v > 31536000 || v != math.Trunc(v) {
+			return c.invalid("DYN_ROUTER_SESSION_AFFINITY_TTL_SECS", v, "must be a whole number of seconds in 1..31536000")
+		}
+	}
+	if c.SharedCacheType != "none" {
+		return c.invalid("DYN_SHARED_CACHE_TYPE", c.SharedCacheType, "only none is supported")
+	}
+	if c.TrackingHash != "public-xxh3-v1" {
+		return c.invalid("DYN_ROUTER_TRACKING_HASH", c.TrackingHash, "only public-xxh3-v1 is supported")
+	}
+	if _, err := zerolog.ParseLevel(strings.ToLower(c.LogLevel)); err != nil || c.LogLevel == "" {
+		return c.invalid("DYN_LOG", c.LogLevel, "must be one of trace, debug, info, warn, error")
+	}
+	return nil
+}
+
+// validateTokenizer resolves the effective tokenizer protocol and checks its requirements.
+func (c *Config) validateTokenizer() error {
+	switch c.EffectiveTokenizerProtocol() {
+	case TokenizerProtocolLocal:
+		if c.TokenizerDir == "" && len(c.Tokenizers) == 0 {
+			return c.invalid("DYN_EPP_TOKENIZER_DIR", c.TokenizerDir, "is required when DYN_EPP_TOKENIZER_PROTOCOL=local (or set DYN_EPP_TOKENIZERS)")
+		}
+		dirs := map[string]string{"DYN_EPP_TOKENIZER_DIR": c.TokenizerDir}
+		for model, dir := range c.Tokenizers {
+			dirs["DYN_EPP_TOKENIZERS["+model+"]"] = dir
+		}
+		for key, dir := range dirs {
+			if dir == "" {
+				continue
+			}
+			st, err := os.Stat(dir)
+			if err != nil {
+				return fmt.Errorf("invalid %s %q: %w", key, dir, err)
+			}
+			if !st.IsDir() {
+				return fmt.Errorf("invalid %s %q: not a directory", key, dir)
+			}
+		}
+	case TokenizerProtocolVLLMRender:
+		if c.TokenizerServiceURL == "" {
+			return c.invalid("DYN_EPP_TOKENIZER_SERVICE_URL", "", "is required when DYN_EPP_TOKENIZER_PROTOCOL=vllm-render")
+		}
+		return fmt.Errorf("invalid DYN_EPP_TOKENIZER_PROTOCOL %q: vllm-render is not supported yet; use local with DYN_EPP_TOKENIZER_DIR", TokenizerProtocolVLLMRender)
+	case TokenizerProtocolNone:
+		if c.UseKVEvents {
+			return fmt.Errorf("invalid DYN_EPP_TOKENIZER_PROTOCOL %q: none is only allowed with DYN_ROUTER_USE_KV_EVENTS=false (set DYN_EPP_TOKENIZER_DIR for local tokenization)", TokenizerProtocolNone)
+		}
+	default:
+		return c.invalid("DYN_EPP_TOKENIZER_PROTOCOL", c.TokenizerProtocol, "must be local, vllm-render or none")
+	}
+	if c.TokenizationTimeout <= 0 {
+		return c.invalid("DYN_EPP_TOKENIZATION_TIMEOUT_MS", c.TokenizationTimeout.Duration().Milliseconds(), "must be > 0")
+	}
+	return nil
+}
+
+// EffectiveTokenizerProtocol returns DYN_EPP_TOKENIZER_PROTOCOL, or when it is empty the derived
+// default of epp.md §2: local with a tokenizer dir, vllm-render with a service URL, else none.
+func (c *Config) EffectiveTokenizerProtocol() string {
+	if c.TokenizerProtocol != "" {
+		return strings.ToLower(c.TokenizerProtocol)
+	}
+	switch {
+	case c.TokenizerDir != "" || len(c.Tokenizers) > 0:
+		return TokenizerProtocolLocal
+	case c.TokenizerServiceURL != "":
+		return TokenizerProtocolVLLMRender
+	}
+	return TokenizerProtocolNone
+}

@@ -1,0 +1,277 @@
+package runner
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// tokenizerDir is the shared Qwen3 tokenizer directory, found relative to the repository root.
+func tokenizerDir(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(repoRoot(t), "..", "shared", "models", "qwen3")
+}
+
+func TestLoadConfigDefaults(t *testing.T) {
+	cfg, err := LoadConfig([]string{"DYN_EPP_TOKENIZER_DIR=" + tokenizerDir(t)}, nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"ext_proc port", cfg.GRPCPort, 9002},
+		{"health port", cfg.GRPCHealthPort, 9003},
+		{"selection port", cfg.SelectionHTTPPort, 8092},
+		{"metrics port", cfg.MetricsPort, 9090},
+		{"block size", cfg.BlockSize, 16},
+		{"kv events", bool(cfg.UseKVEvents), true},
+		{"secure serving", bool(cfg.SecureServing), true},
+		{"body cap", cfg.MaxRequestBodyBytes, int64(64 << 20)},
+		{"inflight cap", cfg.MaxInflightRequests, 1024},
+		{"destinations", cfg.MaxDestinations, 1},
+		{"drain window", cfg.DrainTimeout.Duration(), 15 * time.Second},
+		{"mode", cfg.Mode, "standalone"},
+		{"credit", cfg.OverlapScoreCredit, 1.0},
+		{"host weight", cfg.HostCacheHitWeight, 0.75},
+		{"disk weight", cfg.DiskCacheHitWeight, 0.25},
+		{"expiry", cfg.ActiveRequestExpiry.Duration(), 300 * time.Second},
+		{"tokenizer protocol", cfg.EffectiveTokenizerProtocol(), "local"},
+		{"tokenization timeout", cfg.TokenizationTimeout.Duration(), 5 * time.Second},
+		{"log level", cfg.LogLevel, "info"},
+	}
+	for _, c := range checks {
+		t.Run("the default "+c.name+" is the spec's", func(t *testing.T) {
+			if c.got != c.want {
+				t.Fatalf("got %v, want %v", c.got, c.want)
+			}
+		})
+	}
+}
+
+func TestLoadConfigParsesValues(t *testing.T) {
+	tok := tokenizerDir(t)
+	tests := []struct {
+		name  string
+		env   []string
+		args  []string
+		check func(t *testing.T, c Config)
+	}{
+		{
+			name: "booleans accept yes and no in any case",
+			env:  []string{"DYN_ROUTER_USE_KV_EVENTS=No", "DYN_EPP_SECURE_SERVING=YES", "DYN_ROUTER_TRACK_PREFILL_TOKENS=0"},
+			check: func(t *testing.T, c Config) {
+				if c.UseKVEvents || !c.SecureServing || c.TrackPrefillTokens {
+					t.Fatalf("use_kv_events=%v secure=%v track_prefill=%v", c.UseKVEvents, c.SecureServing, c.TrackPrefillTokens)
+				}
+			},
+		},
+		{
+			name: "the alias DYN_USE_KV_EVENTS is honoured",
+			env:  []string{"DYN_USE_KV_EVENTS=false"},
+			check: func(t *testing.T, c Config) {
+				if c.UseKVEvents {
+					t.Fatal("alias ignored")
+				}
+			},
+		},
+		{
+			name: "the canonical name wins over its alias",
+			env:  []string{"DYN_SECURE_SERVING=false", "DYN_EPP_SECURE_SERVING=true"},
+			check: func(t *testing.T, c Config) {
+				if !c.SecureServing {
+					t.Fatal("alias overrode the canonical variable")
+				}
+			},
+		},
+		{
+			name: "the alias DYN_SECURE_SERVING turns TLS off",
+			env:  []string{"DYN_SECURE_SERVING=false"},
+			check: func(t *testing.T, c Config) {
+				if c.SecureServing {
+					t.Fatal("alias ignored")
+				}
+			},
+		},
+		{
+			name: "flags override the environment",
+			env:  []string{"DYN_EPP_GRPC_PORT=1234", "DYN_KV_CACHE_BLOCK_SIZE=32"},
+			args: []string{"--grpc-port", "4321", "--secure-serving=false", "--block-size=64"},
+			check: func(t *testing.T, c Config) {
+				if c.GRPCPort != 4321 || c.SecureServing || c.BlockSize != 64 {
+					t.Fatalf("port=%d secure=%v bs=%d", c.GRPCPort, c.SecureServing, c.BlockSize)
+				}
+			},
+		},
+		{
+			name: "a bare boolean flag means true",
+			env:  []string{"DYN_EPP_SECURE_SERVING=false"},
+			args: []string{"-secure-serving"},
+			check: func(t *testing.T, c Config) {
+				if !c.SecureServing {
+					t.Fatal("--secure-serving did not turn TLS on")
+				}
+			},
+		},
+		{
+			name: "--no-router-assume-kv-reuse turns reuse off",
+			args: []string{"--no-router-assume-kv-reuse"},
+			check: func(t *testing.T, c Config) {
+				if c.AssumeKVReuse {
+					t.Fatal("still on")
+				}
+			},
+		},
+		{
+			name: "per-model tokenizer directories are parsed from model=dir lists",
+			env:  []string{"DYN_EPP_TOKENIZERS=Qwen/Qwen3-0.6B=" + tok + ", other=" + tok},
+			check: func(t *testing.T, c Config) {
+				if len(c.Tokenizers) != 2 || c.Tokenizers["Qwen/Qwen3-0.6B"] != tok || c.Tokenizers["other"] != tok {
+					t.Fatalf("tokenizers = %v", c.Tokenizers)
+				}
+			},
+		},
+		{
+			name: "fractional drain seconds are accepted",
+			env:  []string{"DYN_EPP_DRAIN_TIMEOUT_SECS=0.25"},
+			check: func(t *testing.T, c Config) {
+				if c.DrainTimeout.Duration() != 250*time.Millisecond {
+					t.Fatalf("drain = %v", c.DrainTimeout.Duration())
+				}
+			},
+		},
+		{
+			name: "an empty variable means the default",
+			env:  []string{"DYN_EPP_GRPC_PORT="},
+			check: func(t *testing.T, c Config) {
+				if c.GRPCPort != 9002 {
+					t.Fatalf("port = %d", c.GRPCPort)
+				}
+			},
+		},
+		{
+			name: "the deprecated overlap score weight is read through its alias",
+			env:  []string{"DYN_OVERLAP_SCORE_WEIGHT=0"},
+			check: func(t *testing.T, c Config) {
+				if !c.OverlapScoreWeight.Set || c.OverlapScoreWeight.Value != 0 {
+					t.Fatalf("weight = %+v", c.OverlapScoreWeight)
+				}
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := LoadConfig(append([]string{"DYN_EPP_TOKENIZER_DIR=" + tok}, tc.env...), tc.args, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, cfg)
+		})
+	}
+}
+
+func TestLoadConfigRejectsInvalidSettingsNamingThem(t *testing.T) {
+	tok := "DYN_EPP_TOKENIZER_DIR=" + tokenizerDir(t)
+	tests := []struct {
+		name    string
+		env     []string
+		args    []string
+		wantErr string
+	}{
+		{"a zero block size", []string{tok, "DYN_KV_CACHE_BLOCK_SIZE=0"}, nil, `invalid DYN_KV_CACHE_BLOCK_SIZE "0": must be > 0`},
+		{"a non-numeric block size", []string{tok, "DYN_KV_CACHE_BLOCK_SIZE=sixteen"}, nil, `invalid DYN_KV_CACHE_BLOCK_SIZE "sixteen": must be an integer`},
+		{"a block size given by flag", []string{tok}, []string{"--block-size=-3"}, `invalid DYN_KV_CACHE_BLOCK_SIZE "-3": must be > 0`},
+		{"an unparseable boolean", []string{tok, "DYN_ROUTER_USE_KV_EVENTS=maybe"}, nil, `invalid DYN_ROUTER_USE_KV_EVENTS "maybe": must be one of true, false, 1, 0, yes, no`},
+		{"an unparseable boolean alias", []string{tok, "DYN_SECURE_SERVING=t"}, nil, `invalid DYN_EPP_SECURE_SERVING "t"`},
+		{"a negative temperature", []string{tok, "DYN_ROUTER_TEMPERATURE=-1"}, nil, `invalid DYN_ROUTER_TEMPERATURE "-1": must be a finite number >= 0`},
+		{"an infinite credit", []string{tok, "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=+Inf"}, nil, `invalid DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT "+Inf"`},
+		{"a host weight above one", []string{tok, "DYN_ROUTER_HOST_CACHE_HIT_WEIGHT=1.5"}, nil, `invalid DYN_ROUTER_HOST_CACHE_HIT_WEIGHT "1.5": must be in [0, 1]`},
+		{"a port out of range", []string{tok, "DYN_EPP_GRPC_PORT=70000"}, nil, `invalid DYN_EPP_GRPC_PORT "70000": must be a port in 0..65535`},
+		{"two listeners on one port", []string{tok, "DYN_EPP_METRICS_PORT=9002"}, nil, `invalid DYN_EPP_METRICS_PORT "9002": port is already used by DYN_EPP_GRPC_PORT`},
+		{"a mode other than standalone", []string{tok, "DYN_EPP_MODE=disagg"}, nil, `invalid DYN_EPP_MODE "disagg": only standalone is implemented`},
+		{"a zero body cap", []string{tok, "DYN_EPP_MAX_REQUEST_BODY_BYTES=0"}, nil, `invalid DYN_EPP_MAX_REQUEST_BODY_BYTES "0": must be > 0`},
+		{"a zero inflight cap", []string{tok, "DYN_EPP_MAX_INFLIGHT_REQUESTS=0"}, nil, `invalid DYN_EPP_MAX_INFLIGHT_REQUESTS "0": must be > 0`},
+		{"zero destinations", []string{tok, "DYN_EPP_MAX_DESTINATIONS=0"}, nil, `invalid DYN_EPP_MAX_DESTINATIONS "0": must be >= 1`},
+		{"a negative drain window", []string{tok, "DYN_EPP_DRAIN_TIMEOUT_SECS=-1"}, nil, `invalid DYN_EPP_DRAIN_TIMEOUT_SECS "-1": must be >= 0`},
+		{"a zero expiry", []string{tok, "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS=0"}, nil, `invalid DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS "0": must be > 0`},
+		{"output tracking without active blocks", []string{tok, "DYN_ROUTER_TRACK_ACTIVE_BLOCKS=false", "DYN_ROUTER_TRACK_OUTPUT_BLOCKS=true"}, nil, `invalid DYN_ROUTER_TRACK_OUTPUT_BLOCKS "true": requires DYN_ROUTER_TRACK_ACTIVE_BLOCKS=true`},
+		{"no tokenizer while KV events are on", nil, nil, `invalid DYN_EPP_TOKENIZER_PROTOCOL "none": none is only allowed with DYN_ROUTER_USE_KV_EVENTS=false`},
+		{"local tokenization without a directory", []string{"DYN_EPP_TOKENIZER_PROTOCOL=local"}, nil, `invalid DYN_EPP_TOKENIZER_DIR "": is required`},
+		{"a tokenizer directory that does not exist", []string{"DYN_EPP_TOKENIZER_DIR=/nonexistent/tok"}, nil, `invalid DYN_EPP_TOKENIZER_DIR "/nonexistent/tok"`},
+		{"vllm-render without a URL", []string{"DYN_EPP_TOKENIZER_PROTOCOL=vllm-render"}, nil, `invalid DYN_EPP_TOKENIZER_SERVICE_URL "": is required`},
+		{"vllm-render, not supported yet", []string{"DYN_EPP_TOKENIZER_SERVICE_URL=http://tok:8000"}, nil, `invalid DYN_EPP_TOKENIZER_PROTOCOL "vllm-render": vllm-render is not supported yet`},
+		{"an unknown tokenizer protocol", []string{"DYN_EPP_TOKENIZER_PROTOCOL=remote"}, nil, `invalid DYN_EPP_TOKENIZER_PROTOCOL "remote": must be local, vllm-render or none`},
+		{"a malformed tokenizers list", []string{"DYN_EPP_TOKENIZERS=qwen"}, nil, `invalid DYN_EPP_TOKENIZERS "qwen": entry "qwen" must be model=dir`},
+		{"an InferencePool, not supported by this build", []string{tok, "DYN_EPP_INFERENCE_POOL_NAME=pool"}, nil, `invalid DYN_EPP_INFERENCE_POOL_NAME "pool"`},
+		{"a container discovery mode", []string{tok, "DYN_KUBE_DISCOVERY_MODE=container"}, nil, `invalid DYN_KUBE_DISCOVERY_MODE "container"`},
+		{"lru with KV events", []string{tok, "DYN_ROUTER_APPROXIMATE_CACHE_POLICY=lru"}, nil, `invalid DYN_ROUTER_APPROXIMATE_CACHE_POLICY "lru": lru is not allowed with DYN_ROUTER_USE_KV_EVENTS=true`},
+		{"a session affinity TTL out of range", []string{tok, "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS=0"}, nil, `invalid DYN_ROUTER_SESSION_AFFINITY_TTL_SECS "0": must be a whole number of seconds in 1..31536000`},
+		{"a shared cache type", []string{tok, "DYN_SHARED_CACHE_TYPE=lmcache"}, nil, `invalid DYN_SHARED_CACHE_TYPE "lmcache": only none is supported`},
+		{"a tracking hash", []string{tok, "DYN_ROUTER_TRACKING_HASH=keyed"}, nil, `invalid DYN_ROUTER_TRACKING_HASH "keyed"`},
+		{"a log level", []string{tok, "DYN_LOG=loud"}, nil, `invalid DYN_LOG "loud"`},
+		{"a prune ratio of one", []string{tok, "DYN_ROUTER_PRUNE_TARGET_RATIO=1"}, nil, `invalid DYN_ROUTER_PRUNE_TARGET_RATIO "1": must be in (0, 1)`},
+		{"a negative queue threshold", []string{tok, "DYN_ROUTER_QUEUE_THRESHOLD=-0.5"}, nil, `invalid DYN_ROUTER_QUEUE_THRESHOLD "-0.5"`},
+		{"a fractional max_num_batched_tokens", []string{tok, "DYN_EPP_MAX_NUM_BATCHED_TOKENS=1.5"}, nil, `invalid DYN_EPP_MAX_NUM_BATCHED_TOKENS "1.5": must be a whole number > 0`},
+		{"a cert path with plaintext serving", []string{tok, "DYN_EPP_SECURE_SERVING=false", "DYN_EPP_CERT_PATH=/certs"}, nil, `invalid DYN_EPP_CERT_PATH "/certs": requires DYN_EPP_SECURE_SERVING=true`},
+		{"an unknown flag", []string{tok}, []string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{"a positional argument", []string{tok}, []string{"serve"}, `unexpected argument "serve"`},
+	}
+	for _, tc := range tests {
+		t.Run("startup fails on "+tc.name, func(t *testing.T) {
+			_, err := LoadConfig(tc.env, tc.args, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("error = %v, want it to contain %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestLoadConfigHelp(t *testing.T) {
+	var out strings.Builder
+	_, err := LoadConfig(nil, []string{"-h"}, &out)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("error = %v, want flag.ErrHelp", err)
+	}
+	for _, want := range []string{"-grpc-port", "env DYN_EPP_GRPC_PORT, default 9002", "-workers-file"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("usage lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestDefaultConfigValidatesWithATokenizer(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.TokenizerDir = tokenizerDir(t)
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoadSelectServiceConfig(t *testing.T) {
+	t.Run("no tokenizer is needed and ext_proc ports are not checked", func(t *testing.T) {
+		cfg, err := LoadSelectServiceConfig([]string{"DYN_EPP_GRPC_PORT=8100", "DYN_EPP_SELECTION_HTTP_PORT=8100"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.SelectionHTTPPort != 8100 {
+			t.Fatalf("port=%d", cfg.SelectionHTTPPort)
+		}
+	})
+	t.Run("router settings are still validated by name", func(t *testing.T) {
+		_, err := LoadSelectServiceConfig([]string{"DYN_ROUTER_TEMPERATURE=-1"})
+		if err == nil || !strings.Contains(err.Error(), `invalid DYN_ROUTER_TEMPERATURE "-1"`) {
+			t.Fatalf("error = %v", err)
+		}
+	})
+	t.Run("an out-of-range port is rejected", func(t *testing.T) {
+		_, err := LoadSelectServiceConfig([]string{"DYN_EPP_SELECTION_HTTP_PORT=99999"})
+		if err == nil || !strings.Contains(err.Error(), `invalid DYN_EPP_SELECTION_HTTP_PORT "99999"`) {
+			t.Fatalf("error = %v", err)
+		}
+	})
+}
