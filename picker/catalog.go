@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -151,6 +152,9 @@ type ReadyState struct {
 // a schedulable worker's listeners are (re)attached; the event source reconciles rank by rank so
 // unchanged endpoints keep their index rows, while ranks that left the range are cleared. A
 // failure becomes the reason "reconciliation failed: <error>" and leaves no listener of the worker.
+// With the lru approximate cache policy, a schedulable worker's total_kv_blocks becomes the LRU
+// capacity (blocks) of each of its ranks in the approximate index; ranks already above it are
+// trimmed at once (kv-events-index.md §15.1).
 //
 // source records who registered the worker; a worker once owned by discovery stays owned by
 // discovery (so discovery keeps reconciling it) even when the API updates it (epp.md §11.3).
@@ -291,6 +295,11 @@ func (s *Service) applyLocked(rec WorkerRecord, source Source) (WorkerState, err
 			}
 		}
 	}
+	if nowActive {
+		// After the removals above (which drop the worker's capacity with its rows), so an
+		// upsert or PATCH always leaves the current total_kv_blocks in force.
+		s.setApproxCapacity(index, &rec)
+	}
 	e.state = WorkerState{WorkerRecord: rec, Source: source}
 	if nowActive {
 		e.state.Lifecycle = LifecycleSchedulable
@@ -357,20 +366,43 @@ func (s *Service) staticReasons(rec *WorkerRecord, e *workerEntry) (reasons []st
 }
 
 // newIndex creates a partition index of block size bs: event-driven when KV events are on, else
-// approximate with the configured TTL and size cap (kv-events-index.md §15.1).
+// approximate with the configured TTL, size cap and cache policy (kv-events-index.md §15.1).
 func (s *Service) newIndex(bs int) *partIndex {
 	if s.cfg.Router.UseKVEvents {
 		ix := kvindex.New(kvindex.Config{BlockSize: bs})
 		return &partIndex{lookup: ix, events: ix}
+	}
+	policy := kvindex.ApproxTTL
+	if s.approxLRU() {
+		policy = kvindex.ApproxLRU
 	}
 	a := kvindex.NewApprox(kvindex.ApproxConfig{
 		BlockSize:        bs,
 		TTL:              time.Duration(s.cfg.Router.ApproxTTLSecs * float64(time.Second)),
 		MaxTreeSize:      s.cfg.Router.MaxTreeSize,
 		PruneTargetRatio: s.cfg.Router.PruneTargetRatio,
-		Policy:           kvindex.ApproxTTL,
+		Policy:           policy,
 	})
 	return &partIndex{lookup: a, approx: a}
+}
+
+// approxLRU reports whether approximate indexes bound each rank by total_kv_blocks (§15.1).
+func (s *Service) approxLRU() bool {
+	return !s.cfg.Router.UseKVEvents && s.cfg.Router.ApproximateCachePolicy == ApproxCachePolicyLRU
+}
+
+// setApproxCapacity gives every rank of rec's worker the LRU capacity total_kv_blocks (blocks) in
+// index's approximate index, or no capacity (TTL and size cap only) when the record has none. A
+// no-op unless the lru cache policy is configured. Caller holds catalogMu.
+func (s *Service) setApproxCapacity(index *partIndex, rec *WorkerRecord) {
+	if !s.approxLRU() || index == nil || index.approx == nil {
+		return
+	}
+	blocks := 0
+	if rec.TotalKVBlocks != nil {
+		blocks = int(min(*rec.TotalKVBlocks, uint64(math.MaxInt)))
+	}
+	index.approx.SetWorkerCapacity(rec.WorkerID, blocks)
 }
 
 // invariants returns the partition's block_size and is_eagle as defined by its accepted members

@@ -38,6 +38,19 @@ const (
 	DefaultQueueRecheckInterval = 60 * time.Second
 )
 
+// Approximate-mode cache policies, the values of RouterSettings.ApproximateCachePolicy
+// (router_approximate_cache_policy, DYN_ROUTER_APPROXIMATE_CACHE_POLICY; kv-events-index.md §15.1).
+const (
+	// ApproxCachePolicyTTL (the default; "" means the same): approximate entries expire
+	// ApproxTTLSecs after their last insertion and the index is pruned above MaxTreeSize.
+	ApproxCachePolicyTTL = "ttl"
+	// ApproxCachePolicyLRU: additionally each (worker, dp_rank) holds at most its worker's
+	// total_kv_blocks blocks; a booking that inserts beyond that evicts the rank's
+	// least-recently-inserted blocks (kvindex.ApproxLRU). Workers without total_kv_blocks are
+	// bounded by the TTL and size cap only. Requires UseKVEvents false.
+	ApproxCachePolicyLRU = "lru"
+)
+
 // DefaultPrefillTokenCapacity is the advisory worker_load prefill_token_capacity reported for a
 // worker without max_num_batched_tokens (selection-service.md §7.6: 10,000,000 tokens).
 const DefaultPrefillTokenCapacity = 10_000_000
@@ -84,6 +97,11 @@ type RouterSettings struct {
 	MaxTreeSize int
 	// PruneTargetRatio is the prune target fraction in (0, 1).
 	PruneTargetRatio float64
+	// ApproximateCachePolicy is router_approximate_cache_policy (kv-events-index.md §15.1):
+	// ApproxCachePolicyTTL ("ttl", also "") or ApproxCachePolicyLRU ("lru", per-rank capacity =
+	// the worker's total_kv_blocks, TTL and size cap remaining as fallbacks). "lru" with
+	// UseKVEvents is a configuration error; any other value is too.
+	ApproximateCachePolicy string
 	// QueueThreshold is router_queue_threshold; non-nil enables queueing (§13.1), ≥ 0. It is
 	// the prefill_busy_threshold_frac of the synthetic "default" policy class (§13.4): a rank is
 	// busy when its active prefill tokens exceed QueueThreshold × max_num_batched_tokens.
@@ -103,7 +121,7 @@ type RouterSettings struct {
 
 // DefaultRouterSettings returns the §19.2 defaults: credit 1, scale 1, host weight 0.75, disk
 // weight 0.25, temperature 0, active blocks, KV reuse, prefill tracking and KV events on, expiry
-// 300 s, approximate TTL 120 s, no queueing (queue policy fcfs, overlap refresh after 10 s), no
+// 300 s, approximate TTL 120 s with the ttl cache policy, no queueing (queue policy fcfs, overlap refresh after 10 s), no
 // busy thresholds.
 func DefaultRouterSettings() RouterSettings {
 	return RouterSettings{
@@ -119,6 +137,7 @@ func DefaultRouterSettings() RouterSettings {
 		ApproxTTLSecs:           DefaultApproxTTLSecs,
 		MaxTreeSize:             DefaultMaxTreeSize,
 		PruneTargetRatio:        DefaultPruneTargetRatio,
+		ApproximateCachePolicy:  ApproxCachePolicyTTL,
 		QueuePolicy:             DefaultQueuePolicy,
 		OverlapRefreshAfterSecs: DefaultOverlapRefreshAfterSecs,
 	}
@@ -176,6 +195,15 @@ func (r RouterSettings) validate() error {
 		if !(r.PruneTargetRatio > 0 && r.PruneTargetRatio < 1) {
 			return fmt.Errorf("prune_target_ratio must be in (0, 1), got %v", r.PruneTargetRatio)
 		}
+	}
+	switch r.ApproximateCachePolicy {
+	case "", ApproxCachePolicyTTL:
+	case ApproxCachePolicyLRU:
+		if r.UseKVEvents {
+			return fmt.Errorf("router_approximate_cache_policy lru requires use_kv_events=false")
+		}
+	default:
+		return fmt.Errorf("router_approximate_cache_policy must be ttl or lru, got %q", r.ApproximateCachePolicy)
 	}
 	if _, err := queue.ParsePolicy(r.QueuePolicy); err != nil {
 		return fmt.Errorf("router_queue_policy: %w", err)

@@ -138,12 +138,22 @@ type Config struct {
 	PruneTargetRatio float64 `env:"DYN_ROUTER_PRUNE_TARGET_RATIO" envDefault:"0.8" help:"approximate-mode prune target, fraction of the max tree size"`
 	// QueueThreshold enables queueing when set (router_queue_threshold, ≥ 0; selection-service.md §13).
 	QueueThreshold OptFloat `env:"DYN_ROUTER_QUEUE_THRESHOLD" help:"queue threshold (unset = queueing off)"`
+	// QueuePolicy is router_queue_policy (selection-service.md §13.2, §19.2): the order queued
+	// requests leave a policy class's queue, fcfs, lcfs or wspt; also the default of policy
+	// classes without queue_policy. Anything else stops startup.
+	QueuePolicy string `env:"DYN_ROUTER_QUEUE_POLICY" envDefault:"fcfs" help:"queue order: fcfs | lcfs | wspt"`
+	// OverlapRefreshAfter is DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS (seconds, ≥ 0; 0 disables;
+	// §13.3): a request queued at least this long has its overlap re-queried at dequeue.
+	OverlapRefreshAfter Seconds `env:"DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS" envDefault:"10" help:"re-query the overlap of requests queued at least this long, seconds (0 = never)"`
 	// PrefillBusyThreshold enables the advisory prefill_busy flag (≥ 0).
 	PrefillBusyThreshold OptFloat `env:"DYN_ROUTER_CONDITIONAL_DISAGG_PREFILL_BUSY_THRESHOLD" help:"prefill busy threshold (unset = off)"`
 	// DecodeBusyThreshold enables the decode_busy flag (≥ 0).
 	DecodeBusyThreshold OptFloat `env:"DYN_ROUTER_CONDITIONAL_DISAGG_DECODE_BUSY_THRESHOLD" help:"decode busy threshold (unset = off)"`
-	// ApproximateCachePolicy is ttl or lru (lru with KV events → startup error).
-	ApproximateCachePolicy string `env:"DYN_ROUTER_APPROXIMATE_CACHE_POLICY" envDefault:"ttl" help:"approximate-mode cache policy (ttl | lru)"`
+	// ApproximateCachePolicy is ttl or lru (kv-events-index.md §15.1). lru bounds each
+	// (worker, dp_rank) of the approximate index by the worker's total_kv_blocks (blocks),
+	// evicting its least-recently-inserted blocks; workers without total_kv_blocks keep TTL
+	// eviction only. lru with KV events → startup error.
+	ApproximateCachePolicy string `env:"DYN_ROUTER_APPROXIMATE_CACHE_POLICY" envDefault:"ttl" help:"approximate-mode cache policy (ttl | lru: per-rank capacity = total_kv_blocks)"`
 	// PolicyConfig is the worker-selection policy YAML path (selection-service.md §18).
 	PolicyConfig string `env:"DYN_ROUTER_POLICY_CONFIG" flag:"router-policy-config" help:"worker-selection policy YAML path"`
 	// WorkerSelectionPolicy overrides the YAML's default instance name ("default" = built-in).
@@ -696,6 +706,14 @@ func (c *Config) validateRouter() error {
 		if o.v.Set && o.v.Value < 0 {
 			return c.invalid(o.key, o.v.Value, "must be a finite number >= 0")
 		}
+	}
+	switch c.QueuePolicy {
+	case "fcfs", "lcfs", "wspt":
+	default:
+		return c.invalid("DYN_ROUTER_QUEUE_POLICY", c.QueuePolicy, "must be fcfs, lcfs or wspt")
+	}
+	if d := c.OverlapRefreshAfter.Duration(); d < 0 {
+		return c.invalid("DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS", d.Seconds(), "must be >= 0")
 	}
 	switch c.ApproximateCachePolicy {
 	case "ttl":

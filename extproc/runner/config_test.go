@@ -44,6 +44,9 @@ func TestLoadConfigDefaults(t *testing.T) {
 		{"tokenizer protocol", cfg.EffectiveTokenizerProtocol(), "local"},
 		{"tokenization timeout", cfg.TokenizationTimeout.Duration(), 5 * time.Second},
 		{"log level", cfg.LogLevel, "info"},
+		{"queue policy", cfg.QueuePolicy, "fcfs"},
+		{"overlap refresh", cfg.OverlapRefreshAfter.Duration(), 10 * time.Second},
+		{"approximate cache policy", cfg.ApproximateCachePolicy, "ttl"},
 	}
 	for _, c := range checks {
 		t.Run("the default "+c.name+" is the spec's", func(t *testing.T) {
@@ -216,6 +219,10 @@ func TestLoadConfigRejectsInvalidSettingsNamingThem(t *testing.T) {
 		{"a log level", []string{tok, "DYN_LOG=loud"}, nil, `invalid DYN_LOG "loud"`},
 		{"a prune ratio of one", []string{tok, "DYN_ROUTER_PRUNE_TARGET_RATIO=1"}, nil, `invalid DYN_ROUTER_PRUNE_TARGET_RATIO "1": must be in (0, 1)`},
 		{"a negative queue threshold", []string{tok, "DYN_ROUTER_QUEUE_THRESHOLD=-0.5"}, nil, `invalid DYN_ROUTER_QUEUE_THRESHOLD "-0.5"`},
+		{"an unknown queue policy", []string{tok, "DYN_ROUTER_QUEUE_POLICY=sjf"}, nil, `invalid DYN_ROUTER_QUEUE_POLICY "sjf": must be fcfs, lcfs or wspt`},
+		{"an upper-case queue policy", []string{tok, "DYN_ROUTER_QUEUE_POLICY=FCFS"}, nil, `invalid DYN_ROUTER_QUEUE_POLICY "FCFS"`},
+		{"a negative overlap refresh", []string{tok, "DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS=-1"}, nil, `invalid DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS "-1": must be >= 0`},
+		{"an unknown approximate cache policy", []string{tok, "DYN_ROUTER_USE_KV_EVENTS=false", "DYN_ROUTER_APPROXIMATE_CACHE_POLICY=fifo"}, nil, `invalid DYN_ROUTER_APPROXIMATE_CACHE_POLICY "fifo": must be ttl or lru`},
 		{"a fractional max_num_batched_tokens", []string{tok, "DYN_EPP_MAX_NUM_BATCHED_TOKENS=1.5"}, nil, `invalid DYN_EPP_MAX_NUM_BATCHED_TOKENS "1.5": must be a whole number > 0`},
 		{"a cert path with plaintext serving", []string{tok, "DYN_EPP_SECURE_SERVING=false", "DYN_EPP_CERT_PATH=/certs"}, nil, `invalid DYN_EPP_CERT_PATH "/certs": requires DYN_EPP_SECURE_SERVING=true`},
 		{"an unknown flag", []string{tok}, []string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag"},

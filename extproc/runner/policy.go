@@ -10,10 +10,13 @@ import (
 	"github.com/kvepp/kvepp/picker"
 )
 
-// pickerConfig builds the selection core's configuration: router settings from the environment
-// and the worker-selection policy resolved through the catalog from DYN_ROUTER_POLICY_CONFIG and
-// DYN_ROUTER_WORKER_SELECTION_POLICY (selection-service.md §17.4, §18). Any policy error stops
-// startup with a message naming the setting.
+// pickerConfig builds the selection core's configuration: router settings from the environment,
+// the policy-class profiles of DYN_ROUTER_POLICY_CONFIG (policy_classes, models,
+// uncached_isl_buckets, default_policy_family; selection-service.md §13.4, §18.2; configured
+// classes turn queueing on) and the worker-selection policy resolved through the catalog from
+// DYN_ROUTER_POLICY_CONFIG and DYN_ROUTER_WORKER_SELECTION_POLICY (§17.4, §18.1). The EPP and
+// `epp select-service` both build their core from it. Any policy error stops startup with a
+// message naming the setting.
 func pickerConfig(cfg Config, registry *catalog.Registry, log zerolog.Logger) (picker.Config, error) {
 	pc := picker.DefaultConfig()
 	pc.Router = routerSettings(cfg, log)
@@ -26,9 +29,11 @@ func pickerConfig(cfg Config, registry *catalog.Registry, log zerolog.Logger) (p
 		if err != nil {
 			return picker.Config{}, fmt.Errorf("invalid DYN_ROUTER_POLICY_CONFIG %q: %w", cfg.PolicyConfig, err)
 		}
-		if len(c.PolicyClasses) > 0 || len(c.Models) > 0 || len(c.UncachedISLBuckets) > 0 || c.DefaultPolicyFamily != "" {
-			return picker.Config{}, fmt.Errorf("invalid DYN_ROUTER_POLICY_CONFIG %q: policy classes (policy_classes, models, uncached_isl_buckets, default_policy_family) are not supported by this build yet; only worker_selection is", cfg.PolicyConfig)
+		ps, err := c.QueueProfiles()
+		if err != nil {
+			return picker.Config{}, fmt.Errorf("invalid DYN_ROUTER_POLICY_CONFIG %q: %w", cfg.PolicyConfig, err)
 		}
+		pc.PolicyProfiles = ps
 		pol = c
 	}
 	res, err := catalog.Resolve(registry, pol, cfg.WorkerSelectionPolicy)

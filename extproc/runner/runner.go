@@ -485,7 +485,9 @@ func workerDefaults(cfg Config) discovery.Defaults {
 }
 
 // routerSettings maps the configuration to the core's router settings (selection-service.md
-// §19.2), applying the deprecated overlap score weight of §9.6.
+// §19.2: weights, tracking, approximate-mode TTL, size cap and cache policy, queue threshold,
+// queue policy and overlap refresh, busy thresholds), applying the deprecated overlap score
+// weight of §9.6.
 func routerSettings(cfg Config, log zerolog.Logger) picker.RouterSettings {
 	r := picker.DefaultRouterSettings()
 	r.OverlapScoreCredit = cfg.OverlapScoreCredit
@@ -524,8 +526,11 @@ func routerSettings(cfg Config, log zerolog.Logger) picker.RouterSettings {
 		v := cfg.DecodeBusyThreshold.Value
 		r.ConditionalDisaggDecodeBusyThreshold = &v
 	}
-	if cfg.ApproximateCachePolicy == "lru" {
-		log.Warn().Msg("DYN_ROUTER_APPROXIMATE_CACHE_POLICY=lru is not implemented for approximate mode; TTL eviction is used")
+	r.QueuePolicy = cfg.QueuePolicy
+	r.OverlapRefreshAfterSecs = cfg.OverlapRefreshAfter.Duration().Seconds()
+	r.ApproximateCachePolicy = cfg.ApproximateCachePolicy
+	if cfg.ApproximateCachePolicy == picker.ApproxCachePolicyLRU {
+		log.Info().Msg("DYN_ROUTER_APPROXIMATE_CACHE_POLICY=lru: each worker rank keeps at most total_kv_blocks approximate blocks; workers without total_kv_blocks use TTL eviction only")
 	}
 	return r
 }

@@ -48,6 +48,8 @@ func TestStartRejectsBadSetupNamingTheSetting(t *testing.T) {
 		{"an unknown policy instance name", func(c *Config) { c.WorkerSelectionPolicy = "no-such-policy" }, `DYN_ROUTER_WORKER_SELECTION_POLICY`},
 		{"a tokenizer directory without tokenizer.json", func(c *Config) { c.TokenizerDir = dir }, `invalid DYN_EPP_TOKENIZER_DIR`},
 		{"an invalid setting", func(c *Config) { c.BlockSize = 0 }, `invalid DYN_KV_CACHE_BLOCK_SIZE "0": must be > 0`},
+		{"an unknown queue policy", func(c *Config) { c.QueuePolicy = "priority" }, `invalid DYN_ROUTER_QUEUE_POLICY "priority": must be fcfs, lcfs or wspt`},
+		{"a negative overlap refresh", func(c *Config) { c.OverlapRefreshAfter = Seconds(-time.Second) }, `invalid DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS "-1": must be >= 0`},
 	}
 	for _, tc := range tests {
 		t.Run("startup fails on "+tc.name, func(t *testing.T) {

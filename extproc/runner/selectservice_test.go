@@ -66,6 +66,8 @@ func TestSelectServiceRejectsBadSettings(t *testing.T) {
 		{"an unknown flag", nil, []string{"--grpc-port", "1"}, "flag provided but not defined: -grpc-port"},
 		{"a positional argument", nil, []string{"extra"}, `unexpected argument "extra"`},
 		{"an unknown policy instance", []string{"DYN_ROUTER_WORKER_SELECTION_POLICY=nope"}, nil, `invalid DYN_ROUTER_WORKER_SELECTION_POLICY "nope"`},
+		{"an unknown queue policy", []string{"DYN_ROUTER_QUEUE_POLICY=sjf"}, nil, `invalid DYN_ROUTER_QUEUE_POLICY "sjf": must be fcfs, lcfs or wspt`},
+		{"lru with KV events", []string{"DYN_ROUTER_APPROXIMATE_CACHE_POLICY=lru"}, nil, `invalid DYN_ROUTER_APPROXIMATE_CACHE_POLICY "lru": lru is not allowed with DYN_ROUTER_USE_KV_EVENTS=true`},
 	}
 	for _, tc := range tests {
 		t.Run("select-service fails on "+tc.name, func(t *testing.T) {

@@ -232,7 +232,9 @@ func (c Config) Validate() error {
 }
 
 // ApplyTo sets the flag-controlled parts of a picker configuration: the selection cache bounds,
-// the session-affinity TTL and, when given, assume_kv_reuse.
+// the session-affinity TTL and, when given, assume_kv_reuse. Everything else the composition root
+// put in pc (the other router settings such as the queue policy, overlap refresh and approximate
+// cache policy, the policy-class profiles, the policy factory) is left as it is.
 func (c Config) ApplyTo(pc *picker.Config) {
 	pc.SelectionCache = ledger.PendingConfig{TTL: c.SelectionCacheTTL, MaxEntries: c.SelectionCacheMaxEntries, MaxBytes: c.SelectionCacheMaxBytes}
 	pc.SessionAffinityTTL = c.SessionAffinityTTL

@@ -16,6 +16,7 @@ import (
 	"github.com/kvepp/kvepp/ledger"
 	"github.com/kvepp/kvepp/picker"
 	"github.com/kvepp/kvepp/picker/httpapi"
+	"github.com/kvepp/kvepp/picker/queue"
 	"github.com/kvepp/kvepp/picker/selectservice"
 )
 
@@ -299,4 +300,35 @@ func TestRunRejectsBadConfiguration(t *testing.T) {
 	if err := selectservice.Run(context.Background(), cfg, selectservice.Options{Picker: approxPicker()}); err == nil || !strings.Contains(err.Error(), "--port") {
 		t.Fatalf("busy port = %v", err)
 	}
+}
+
+func TestRunKeepsTheEnvironmentsQueueAndCacheSettings(t *testing.T) {
+	profiles := &queue.Profiles{}
+	pc := approxPicker()
+	pc.Router.QueuePolicy, pc.Router.OverlapRefreshAfterSecs = "wspt", 3
+	pc.Router.ApproximateCachePolicy = picker.ApproxCachePolicyLRU
+	pc.PolicyProfiles = profiles
+	t.Run("ApplyTo leaves the queue policy, refresh, cache policy and policy profiles alone", func(t *testing.T) {
+		got := pc
+		selectservice.DefaultConfig().ApplyTo(&got)
+		if got.Router.QueuePolicy != "wspt" || got.Router.OverlapRefreshAfterSecs != 3 ||
+			got.Router.ApproximateCachePolicy != picker.ApproxCachePolicyLRU || got.PolicyProfiles != profiles {
+			t.Fatalf("applied router %+v profiles %p", got.Router, got.PolicyProfiles)
+		}
+	})
+	t.Run("the served core bounds each rank by total_kv_blocks under lru", func(t *testing.T) {
+		addr, _, stop := runService(t, selectservice.DefaultConfig(), selectservice.Options{Picker: pc})
+		defer stop()
+		base := "http://" + addr
+		if st, body := post(t, base+"/workers", `{"worker_id":1,"model_name":"m","endpoint":"http://w","block_size":4,"total_kv_blocks":2}`); st != 201 {
+			t.Fatalf("POST /workers = %d %s", st, body)
+		}
+		prompt := `{"model_name":"m","token_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}`
+		if st, body := post(t, base+"/select_and_reserve", prompt); st != 200 {
+			t.Fatalf("select_and_reserve = %d %s", st, body)
+		}
+		if st, body := post(t, base+"/select", prompt); st != 200 || !strings.Contains(body, `"longest_matched":8`) {
+			t.Fatalf("select = %d %s, want 8 tokens (2 blocks) left by lru", st, body)
+		}
+	})
 }
