@@ -2,30 +2,16 @@ package enginesim
 
 import (
 	"encoding/hex"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvepp/kvepp/internal/sharedtest"
 )
 
 func goldenKVEvents(t *testing.T) map[string]string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(sharedDir(t), "golden", "kv-events.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var file struct {
-		Vectors []struct {
-			Name string `json:"name"`
-			Hex  string `json:"hex"`
-		} `json:"vectors"`
-	}
-	if err := json.Unmarshal(data, &file); err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]string{}
-	for _, v := range file.Vectors {
+	for _, v := range sharedtest.KVEventVectors(t) {
 		out[v.Name] = v.Hex
 	}
 	return out

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -67,26 +66,6 @@ func leakedGoroutines(d time.Duration) []string {
 			return leaked
 		}
 		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// sharedDir returns /work/shared, found as ../shared next to the directory
-// holding go.mod.
-func sharedDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "..", "shared")
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the package directory")
-		}
-		dir = parent
 	}
 }
 

@@ -1,33 +1,13 @@
 package kvindex
 
 import (
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/zeebo/xxh3"
-)
 
-// sharedDir returns /work/shared, found as ../shared of the directory holding go.mod.
-func sharedDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "..", "shared")
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
+	"github.com/kvepp/kvepp/internal/sharedtest"
+)
 
 type goldenHashes struct {
 	ReferenceConstants map[string]uint64 `json:"reference_constants"`
@@ -52,14 +32,8 @@ type goldenHashes struct {
 // loadGolden decodes hashes.json into uint64 fields (never through float64).
 func loadGolden(t *testing.T) goldenHashes {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(sharedDir(t), "golden", "hashes.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var g goldenHashes
-	if err := json.Unmarshal(raw, &g); err != nil {
-		t.Fatal(err)
-	}
+	sharedtest.DecodeJSON(t, &g, "golden", "hashes.json")
 	if len(g.Vectors) == 0 {
 		t.Fatal("hashes.json has no vectors")
 	}

@@ -6,13 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvepp/kvepp/internal/sharedtest"
 )
 
 // Mooncake replay parameters (BenchmarkMooncakeConversationReplay).
@@ -151,7 +152,7 @@ func (c *mcLRU) evict() uint64 {
 // cache of capacity blocks — applying every engine event to an index, and checking that the
 // index's device match for the chosen worker equals the worker's own cache hit.
 func loadMooncake(tb testing.TB, capacity int) (*mcReplay, error) {
-	f, err := os.Open(filepath.Join(sharedDir(tb), "traces", "mooncake_conversation_trace.jsonl"))
+	f, err := os.Open(sharedtest.Path(tb, "traces", "mooncake_conversation_trace.jsonl"))
 	if err != nil {
 		return nil, err
 	}

@@ -3,38 +3,18 @@ package picker_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/picker"
+	"github.com/kvepp/kvepp/picker/pickertest"
 	"github.com/kvepp/kvepp/picker/queue"
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
 
 // Queue admission (selection-service.md §13) through the service.
-
-// fakeClock is a settable clock.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-// Now returns the clock's time.
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Advance moves the clock by d and returns the new time.
-func (c *fakeClock) Advance(d time.Duration) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	return c.now
-}
 
 // withThreshold turns queueing on with router_queue_threshold th.
 func withThreshold(th float64) func(*picker.Config) {
@@ -158,19 +138,19 @@ func TestQueueAdmission(t *testing.T) {
 	})
 	lifecycle := []struct {
 		name string
-		free func(t *testing.T, s *picker.Service, clock *fakeClock)
+		free func(t *testing.T, s *picker.Service, clock *pickertest.Clock)
 	}{
-		{"free", func(t *testing.T, s *picker.Service, _ *fakeClock) {
+		{"free", func(t *testing.T, s *picker.Service, _ *pickertest.Clock) {
 			if err := s.Free(ctxb(), "o2"); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"prefill_complete", func(t *testing.T, s *picker.Service, _ *fakeClock) {
+		{"prefill_complete", func(t *testing.T, s *picker.Service, _ *pickertest.Clock) {
 			if err := s.PrefillComplete(ctxb(), "o2"); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"expiry", func(t *testing.T, s *picker.Service, clock *fakeClock) {
+		{"expiry", func(t *testing.T, s *picker.Service, clock *pickertest.Clock) {
 			if n := s.ExpireStale(clock.Advance(299 * time.Second)); n != 0 {
 				t.Fatalf("expired %d too early", n)
 			}
@@ -182,13 +162,13 @@ func TestQueueAdmission(t *testing.T) {
 				t.Fatalf("expired %d, want o2", n)
 			}
 		}},
-		{"a worker added", func(t *testing.T, s *picker.Service, _ *fakeClock) {
+		{"a worker added", func(t *testing.T, s *picker.Service, _ *pickertest.Clock) {
 			mustUpsert(t, s, worker(3, batched(1024)))
 		}},
 	}
 	for _, tc := range lifecycle {
 		t.Run("a waiting request is admitted by "+tc.name, func(t *testing.T) {
-			clock := &fakeClock{now: time0}
+			clock := pickertest.NewClock(time0)
 			s := busyPair(t, func(c *picker.Config) { c.Now = clock.Now })
 			ch := reserveAsync(s, ctxb(), "q")
 			waitPending(t, s, 1)
@@ -312,7 +292,7 @@ func TestQueueAdmission(t *testing.T) {
 	t.Run("a caller cancelled while its dequeued request books gets the booking freed", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(ctxb())
 		armed := make(chan struct{})
-		cancelling := funcPicker{pick: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
+		cancelling := policytest.Picker{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
 			select {
 			case <-armed:
 				cancel()
@@ -432,7 +412,7 @@ func TestPolicyClassBusyRules(t *testing.T) {
 }
 
 func TestPolicyClassResolution(t *testing.T) {
-	ev := newFakeEvents()
+	ev := pickertest.NewEventSource()
 	s := newService(t, withEvents(ev), withProfiles(t, queue.ProfileSpec{
 		DefaultFamily: "batch",
 		Buckets:       []queue.Bucket{{Name: "warm", MinTokens: 0}, {Name: "cold", MinTokens: 8}},
@@ -447,7 +427,7 @@ func TestPolicyClassResolution(t *testing.T) {
 	mustUpsert(t, s, worker(1, batched(1024), func(r *picker.WorkerRecord) { r.KVEventsEndpoint = "tcp://w1:1" }))
 	// Worker 1 caches the first two blocks of tokens 1..12: uncached 4 (warm) for that prompt.
 	l := kvindex.BlockHashes(tokens(12), 4, kvindex.BaseSeed)
-	ev.store(t, 1, 0, kvindex.TierDevice, nil, l[0], l[1])
+	ev.Store(t, 1, 0, kvindex.TierDevice, nil, l[0], l[1])
 	occupy(t, s, "o", 1, 4)
 	cases := []struct {
 		header string

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvepp/kvepp/picker"
+	"github.com/kvepp/kvepp/picker/pickertest"
 )
 
 // withApproxPolicy sets router_approximate_cache_policy (KV events stay off) and a fixed clock.
@@ -134,7 +135,7 @@ func TestApproximateCachePolicyIsValidated(t *testing.T) {
 	}{
 		{"lru with KV events is rejected", func(c *picker.Config) {
 			c.Router.UseKVEvents = true
-			c.EventSource = newFakeEvents()
+			c.EventSource = pickertest.NewEventSource()
 			c.Router.ApproximateCachePolicy = picker.ApproxCachePolicyLRU
 		}, "router_approximate_cache_policy lru requires use_kv_events=false"},
 		{"an unknown policy is rejected", func(c *picker.Config) { c.Router.ApproximateCachePolicy = "fifo" },

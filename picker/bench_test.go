@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/picker"
+	"github.com/kvepp/kvepp/picker/pickertest"
 )
 
 // BenchmarkSelectAndReserveFree measures one in-process SelectAndReserve plus its Free on a
@@ -15,7 +16,7 @@ import (
 func BenchmarkSelectAndReserveFree(b *testing.B) {
 	for _, mode := range []string{"kv_events", "approximate"} {
 		b.Run(mode, func(b *testing.B) {
-			ev := newFakeEvents()
+			ev := pickertest.NewEventSource()
 			mods := []func(*picker.Config){}
 			if mode == "kv_events" {
 				mods = append(mods, withEvents(ev))
@@ -29,17 +30,7 @@ func BenchmarkSelectAndReserveFree(b *testing.B) {
 					r.KVEventsEndpoint = "tcp://w:" + strconv.FormatUint(id, 10)
 				}))
 				if mode == "kv_events" && id <= 16 {
-					n := int(id) * 2
-					ev.mu.Lock()
-					idx := ev.indexes[id]
-					ev.mu.Unlock()
-					blocks := make([]kvindex.StoredBlock, n)
-					for i := range blocks {
-						blocks[i] = kvindex.StoredBlock{BlockHash: local[i] + 1, TokensHash: local[i]}
-					}
-					if err := idx.Apply(kvindex.Event{WorkerID: id, Kind: kvindex.EventStored, Blocks: blocks}); err != nil {
-						b.Fatal(err)
-					}
+					ev.Store(b, id, 0, kvindex.TierDevice, nil, local[:2*id]...)
 				}
 			}
 			for i := 0; i < 8; i++ {

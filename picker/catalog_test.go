@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/picker"
+	"github.com/kvepp/kvepp/picker/pickertest"
 	"github.com/kvepp/kvepp/policies"
 )
 
@@ -79,8 +80,8 @@ func TestUpsertWorkerComputesSchedulabilityReasons(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ev := newFakeEvents()
-			ev.fail = func(picker.WorkerEventSpec) error { return tc.failAttach }
+			ev := pickertest.NewEventSource()
+			ev.FailAttach(func(picker.WorkerEventSpec) error { return tc.failAttach })
 			s := newService(t, func(c *picker.Config) {
 				if tc.kvEvents {
 					withEvents(ev)(c)
@@ -97,7 +98,7 @@ func TestUpsertWorkerComputesSchedulabilityReasons(t *testing.T) {
 			if diff := cmp.Diff(tc.reasons, st.NotSchedulableReasons); diff != "" {
 				t.Errorf("reasons (-want +got):\n%s", diff)
 			}
-			_, attached := ev.attached(1)
+			_, attached := ev.Attached(1)
 			if tc.kvEvents && attached != (tc.lifecycle == picker.LifecycleSchedulable) {
 				t.Errorf("attached = %v with lifecycle %s", attached, st.Lifecycle)
 			}
@@ -109,7 +110,7 @@ func TestUpsertWorkerComputesSchedulabilityReasons(t *testing.T) {
 }
 
 func TestUpsertWorkerAttachesEveryRankWithItsEndpoint(t *testing.T) {
-	ev := newFakeEvents()
+	ev := pickertest.NewEventSource()
 	s := newService(t, withEvents(ev))
 	mustUpsert(t, s, worker(1, func(r *picker.WorkerRecord) {
 		r.DataParallelStartRank = u32(2)
@@ -117,7 +118,7 @@ func TestUpsertWorkerAttachesEveryRankWithItsEndpoint(t *testing.T) {
 		r.KVEventsEndpoints = map[string]string{"2": "tcp://w:1", "3": "tcp://w:2"}
 		r.IsEagle = true
 	}))
-	spec, ok := ev.attached(1)
+	spec, ok := ev.Attached(1)
 	if !ok {
 		t.Fatal("worker 1 was not attached")
 	}
@@ -209,7 +210,7 @@ func TestUpsertMovesWorkerBetweenPartitions(t *testing.T) {
 
 func TestDeleteWorker(t *testing.T) {
 	t.Run("returns the final record as unschedulable and forgets the worker", func(t *testing.T) {
-		ev := newFakeEvents()
+		ev := pickertest.NewEventSource()
 		s := newService(t, withEvents(ev))
 		mustUpsert(t, s, worker(1, func(r *picker.WorkerRecord) { r.KVEventsEndpoint = "tcp://w:1" }))
 		mustUpsert(t, s, worker(2, func(r *picker.WorkerRecord) { r.KVEventsEndpoint = "tcp://w:2" }))
@@ -226,7 +227,7 @@ func TestDeleteWorker(t *testing.T) {
 		if st.Lifecycle != picker.LifecycleUnschedulable || st.WorkerID != 1 || st.Endpoint != "http://worker-1:8000" {
 			t.Errorf("final record = %+v", st)
 		}
-		if _, ok := ev.attached(1); ok {
+		if _, ok := ev.Attached(1); ok {
 			t.Error("worker 1 listeners still attached")
 		}
 		if ws := s.Workers("", ""); len(ws) != 1 || ws[0].WorkerID != 2 {
@@ -272,12 +273,12 @@ func TestIndexRowsAcrossCatalogUpdates(t *testing.T) {
 			r.KVEventsEndpoints = map[string]string{"0": "tcp://w:1", "1": ep1}
 		}
 	}
-	setup := func(t *testing.T) (*picker.Service, *fakeEvents) {
-		ev := newFakeEvents()
+	setup := func(t *testing.T) (*picker.Service, *pickertest.EventSource) {
+		ev := pickertest.NewEventSource()
 		s := newService(t, withEvents(ev))
 		mustUpsert(t, s, worker(1, twoRanks("tcp://w:2")))
-		ev.store(t, 1, 0, kvindex.TierDevice, nil, local...)
-		ev.store(t, 1, 1, kvindex.TierDevice, nil, local...)
+		ev.Store(t, 1, 0, kvindex.TierDevice, nil, local...)
+		ev.Store(t, 1, 1, kvindex.TierDevice, nil, local...)
 		return s, ev
 	}
 	t.Run("a metadata-only update keeps the cached rows", func(t *testing.T) {
@@ -331,7 +332,7 @@ func TestIndexRowsAcrossCatalogUpdates(t *testing.T) {
 		if st.Lifecycle != picker.LifecycleIncomplete {
 			t.Fatalf("lifecycle %s", st.Lifecycle)
 		}
-		if _, ok := ev.attached(1); ok {
+		if _, ok := ev.Attached(1); ok {
 			t.Error("still attached")
 		}
 		mustUpsert(t, s, worker(1, twoRanks("tcp://w:2")))
@@ -345,7 +346,7 @@ func TestIndexRowsAcrossCatalogUpdates(t *testing.T) {
 			t.Fatal(err)
 		}
 		mustUpsert(t, s, worker(2, func(r *picker.WorkerRecord) { r.KVEventsEndpoint = "tcp://w:5" }))
-		ev.store(t, 2, 0, kvindex.TierDevice, nil, local...)
+		ev.Store(t, 2, 0, kvindex.TierDevice, nil, local...)
 		if got := overlapOf(t, s, toks, 2, 0); got != 4 {
 			t.Errorf("replacement overlap = %d, want 4", got)
 		}

@@ -3,113 +3,23 @@ package picker_test
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/picker"
+	"github.com/kvepp/kvepp/picker/pickertest"
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
 
 // time0 is the fake clock's start.
 var time0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// fakeEvents is a KVEventSource that records attaches and detaches and lets tests apply events
-// to the index a worker was attached to.
-type fakeEvents struct {
-	mu       sync.Mutex
-	specs    map[uint64]picker.WorkerEventSpec
-	indexes  map[uint64]*kvindex.Index
-	attaches []picker.WorkerEventSpec
-	detaches []uint64
-	// fail, when set, makes AttachWorker return its error for that spec.
-	fail func(spec picker.WorkerEventSpec) error
-}
-
-func newFakeEvents() *fakeEvents {
-	return &fakeEvents{specs: map[uint64]picker.WorkerEventSpec{}, indexes: map[uint64]*kvindex.Index{}}
-}
-
-func (f *fakeEvents) AttachWorker(spec picker.WorkerEventSpec, idx *kvindex.Index) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.attaches = append(f.attaches, spec)
-	if f.fail != nil {
-		if err := f.fail(spec); err != nil {
-			return err
-		}
-	}
-	// Like kvevents.Manager: a re-attach clears the ranks whose endpoint (or hashing, or index)
-	// changed and the ranks that left the range.
-	if old, ok := f.specs[spec.WorkerID]; ok {
-		oldIdx := f.indexes[spec.WorkerID]
-		for r := old.DPStartRank; r-old.DPStartRank < old.DPSize; r++ {
-			inRange := r >= spec.DPStartRank && r-spec.DPStartRank < spec.DPSize
-			same := inRange && old.Endpoints[r] == spec.Endpoints[r] && old.ReplayEndpoint == spec.ReplayEndpoint &&
-				old.BlockSize == spec.BlockSize && old.IsEagle == spec.IsEagle && oldIdx == idx
-			if !same {
-				_ = oldIdx.Apply(kvindex.Event{WorkerID: spec.WorkerID, DPRank: r, Kind: kvindex.EventCleared})
-			}
-		}
-	}
-	f.specs[spec.WorkerID] = spec
-	f.indexes[spec.WorkerID] = idx
-	return nil
-}
-
-func (f *fakeEvents) DetachWorker(workerID uint64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.detaches = append(f.detaches, workerID)
-	delete(f.specs, workerID)
-	delete(f.indexes, workerID)
-}
-
-func (f *fakeEvents) attached(workerID uint64) (picker.WorkerEventSpec, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	s, ok := f.specs[workerID]
-	return s, ok
-}
-
-// store applies a device-tier Stored event of local hashes for (worker, rank) to the index the
-// worker is attached to; external ids are the local hashes + 1.
-func (f *fakeEvents) store(t *testing.T, workerID uint64, rank uint32, tier kvindex.Tier, parent *uint64, local ...uint64) {
-	t.Helper()
-	f.mu.Lock()
-	idx := f.indexes[workerID]
-	f.mu.Unlock()
-	if idx == nil {
-		t.Fatalf("worker %d is not attached", workerID)
-	}
-	ev := kvindex.Event{WorkerID: workerID, DPRank: rank, Tier: tier, Kind: kvindex.EventStored}
-	if parent != nil {
-		ev.HasParent, ev.ParentHash = true, *parent
-	}
-	for _, h := range local {
-		ev.Blocks = append(ev.Blocks, kvindex.StoredBlock{BlockHash: h + 1, TokensHash: h})
-	}
-	if err := idx.Apply(ev); err != nil {
-		t.Fatalf("apply stored event: %v", err)
-	}
-}
-
 // newService builds a service with deterministic randomness. KV events are off unless a mod turns
 // them on (and sets an EventSource).
 func newService(t testing.TB, mods ...func(*picker.Config)) *picker.Service {
 	t.Helper()
-	cfg := picker.DefaultConfig()
-	cfg.Router.UseKVEvents = false
-	seed := uint64(1)
-	var mu sync.Mutex
-	cfg.RandSource = func() rand.Source {
-		mu.Lock()
-		defer mu.Unlock()
-		seed++
-		return rand.NewPCG(seed, 42)
-	}
+	cfg := pickertest.Config(1, 42)
 	for _, m := range mods {
 		m(&cfg)
 	}
@@ -120,7 +30,7 @@ func newService(t testing.TB, mods ...func(*picker.Config)) *picker.Service {
 	return s
 }
 
-func withEvents(f *fakeEvents) func(*picker.Config) {
+func withEvents(f *pickertest.EventSource) func(*picker.Config) {
 	return func(c *picker.Config) {
 		c.Router.UseKVEvents = true
 		c.EventSource = f
@@ -214,39 +124,8 @@ func loadOf(t *testing.T, s *picker.Service, model, group string, w uint64, r ui
 	return picker.PotentialLoad{}
 }
 
-// Policy components built from functions, for custom-policy tests.
-type funcFilter struct {
-	in   policies.WorkerInputs
-	keep func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error)
-}
-
-func (f funcFilter) RequiredWorkerInputs() policies.WorkerInputs { return f.in }
-func (f funcFilter) Keep(ctx *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
-	return f.keep(ctx, c)
-}
-
-type funcScorer struct {
-	in    policies.WorkerInputs
-	score func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (float64, error)
-}
-
-func (f funcScorer) RequiredWorkerInputs() policies.WorkerInputs { return f.in }
-func (f funcScorer) Score(ctx *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
-	return f.score(ctx, c)
-}
-
-type funcPicker struct {
-	in   policies.WorkerInputs
-	pick func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error)
-}
-
-func (f funcPicker) RequiredWorkerInputs() policies.WorkerInputs { return f.in }
-func (f funcPicker) Pick(ctx *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
-	return f.pick(ctx, v)
-}
-
 // lowestCost picks the minimum-cost row (first on ties).
-var lowestCost = funcPicker{pick: func(_ *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
+var lowestCost = policytest.Picker{Fn: func(_ *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
 	best := 0
 	for i, c := range v.Candidates() {
 		if c.Cost() < v.Candidates()[best].Cost() {

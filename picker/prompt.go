@@ -20,12 +20,17 @@ type normPrompt struct {
 
 // validateHashForm applies the §6.3 checks to a hash-form prompt (400 messages, in table order).
 // Token-form prompts pass (their checks need the partition's block size).
-func validateHashForm(pr *Prompt) error {
+func validateHashForm(pr *Prompt) error { return checkHashForm(pr, true) }
+
+// checkHashForm is the §6.3 hash-form check shared by selections (validateHashForm) and explicit
+// reservations (validateExplicitPrompt): block_hashes is required only when requireBlockHashes;
+// when present its length must match sequence_hashes. Token-form prompts pass.
+func checkHashForm(pr *Prompt, requireBlockHashes bool) error {
 	if !pr.HashForm {
 		return nil
 	}
 	switch {
-	case pr.BlockHashes == nil:
+	case requireBlockHashes && pr.BlockHashes == nil:
 		return Errorf(KindBadRequest, "block_hashes is required without token_ids")
 	case pr.SequenceHashes == nil:
 		return Errorf(KindBadRequest, "sequence_hashes is required without token_ids")
@@ -33,7 +38,7 @@ func validateHashForm(pr *Prompt) error {
 		return Errorf(KindBadRequest, "isl_tokens is required without token_ids")
 	case pr.ISLTokens == 0:
 		return Errorf(KindBadRequest, "isl_tokens must be greater than 0")
-	case len(pr.BlockHashes) != len(pr.SequenceHashes):
+	case pr.BlockHashes != nil && len(pr.BlockHashes) != len(pr.SequenceHashes):
 		return Errorf(KindBadRequest, "block_hashes length %d must match sequence_hashes length %d",
 			len(pr.BlockHashes), len(pr.SequenceHashes))
 	}

@@ -164,23 +164,7 @@ func (s *Service) replay(ctx context.Context, key PartitionKey, pk ledger.Pendin
 
 // validateExplicitPrompt is §6.3 for an explicit reservation: block_hashes is optional in hash
 // form (when given, its length must still match sequence_hashes).
-func validateExplicitPrompt(pr *Prompt) error {
-	if !pr.HashForm {
-		return nil
-	}
-	switch {
-	case pr.SequenceHashes == nil:
-		return Errorf(KindBadRequest, "sequence_hashes is required without token_ids")
-	case !pr.ISLTokensSet && pr.ISLTokens == 0:
-		return Errorf(KindBadRequest, "isl_tokens is required without token_ids")
-	case pr.ISLTokens == 0:
-		return Errorf(KindBadRequest, "isl_tokens must be greater than 0")
-	case pr.BlockHashes != nil && len(pr.BlockHashes) != len(pr.SequenceHashes):
-		return Errorf(KindBadRequest, "block_hashes length %d must match sequence_hashes length %d",
-			len(pr.BlockHashes), len(pr.SequenceHashes))
-	}
-	return nil
-}
+func validateExplicitPrompt(pr *Prompt) error { return checkHashForm(pr, false) }
 
 // reserveExplicit is the explicit form of Reserve.
 func (s *Service) reserveExplicit(ctx context.Context, key PartitionKey, pk ledger.PendingKey, req *ReservationRequest) (Reservation, error) {

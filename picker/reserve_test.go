@@ -9,6 +9,7 @@ import (
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/ledger"
 	"github.com/kvepp/kvepp/picker"
+	"github.com/kvepp/kvepp/picker/pickertest"
 )
 
 var modelDefault = picker.PartitionKey{ModelName: "model", RoutingGroup: "default"}
@@ -204,7 +205,7 @@ func TestRestorePartition(t *testing.T) {
 		}
 	})
 	t.Run("the event-driven index restores too", func(t *testing.T) {
-		ev := newFakeEvents()
+		ev := pickertest.NewEventSource()
 		s := newService(t, withEvents(ev))
 		evs := []kvindex.RouterEvent{{WorkerID: 1, Kind: kvindex.EventStored, Blocks: []kvindex.StoredBlock{{BlockHash: 9, TokensHash: kvindex.BlockHashes(tokens(4), 4, kvindex.BaseSeed)[0]}}}}
 		if err := s.RestorePartition(modelDefault, 4, evs); err != nil {

@@ -13,7 +13,9 @@ import (
 
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/picker"
+	"github.com/kvepp/kvepp/picker/pickertest"
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
 
 func i64(v int64) uint64 { return uint64(v) }
@@ -258,7 +260,7 @@ func contains(xs []uint64, v uint64) bool {
 }
 
 func TestExactTargetAndPinBypassTheCustomPolicy(t *testing.T) {
-	failing := funcPicker{pick: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
+	failing := policytest.Picker{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
 		return 0, policies.Failed("custom picker consulted")
 	}}
 	s := eligibilityFixture(t, withPolicy(nil, nil, failing))
@@ -281,14 +283,14 @@ func TestExactTargetAndPinBypassTheCustomPolicy(t *testing.T) {
 }
 
 func TestPolicyFailures(t *testing.T) {
-	rejectAll := funcFilter{keep: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error) { return false, nil }}
-	nan := funcScorer{score: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (float64, error) {
+	rejectAll := policytest.Filter{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error) { return false, nil }}
+	nan := policytest.Scorer{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (float64, error) {
 		return math.NaN(), nil
 	}}
-	row := func(r int) funcPicker {
-		return funcPicker{pick: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) { return r, nil }}
+	row := func(r int) policytest.Picker {
+		return policytest.Picker{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) { return r, nil }}
 	}
-	panics := funcPicker{pick: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) { panic("kaboom") }}
+	panics := policytest.Picker{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) { panic("kaboom") }}
 	cases := []struct {
 		name    string
 		mod     func(*picker.Config)
@@ -306,7 +308,7 @@ func TestPolicyFailures(t *testing.T) {
 		{name: "a negative picker row is a policy failure",
 			mod: withPolicy(nil, nil, row(-1)), kind: picker.KindPolicy, contain: "row -1"},
 		{name: "a policy-raised error keeps its message",
-			mod: withPolicy(nil, nil, funcPicker{pick: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
+			mod: withPolicy(nil, nil, policytest.Picker{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
 				return 0, policies.Failed("no GPU left")
 			}}), kind: picker.KindPolicy, msg: "no GPU left"},
 		{name: "a panicking policy is a policy failure", mod: withPolicy(nil, nil, panics), kind: picker.KindPolicy, contain: "kaboom"},
@@ -334,13 +336,13 @@ func TestPolicyFailures(t *testing.T) {
 }
 
 func TestCustomPolicyInputs(t *testing.T) {
-	ev := newFakeEvents()
+	ev := pickertest.NewEventSource()
 	var (
 		gotCache   map[uint64][3]int
 		gotSession string
 		gotBlocks  int
 	)
-	filter := funcFilter{in: policies.InputsCache, keep: func(ctx *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
+	filter := policytest.Filter{In: policies.InputsCache, Fn: func(ctx *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
 		ch := c.Cache()
 		gotCache[c.Worker().WorkerID] = [3]int{ch.DeviceOverlapBlocks(), ch.HostOverlapBlocks(), ch.DiskOverlapBlocks()}
 		if sc := ctx.SessionContext(); sc != nil {
@@ -354,10 +356,10 @@ func TestCustomPolicyInputs(t *testing.T) {
 	mustUpsert(t, s, worker(1, func(r *picker.WorkerRecord) { r.KVEventsEndpoint = "tcp://w:1" }))
 	mustUpsert(t, s, worker(2, func(r *picker.WorkerRecord) { r.KVEventsEndpoint = "tcp://w:2" }))
 	local := kvindex.BlockHashes(tokens(16), 4, kvindex.BaseSeed)
-	ev.store(t, 1, 0, kvindex.TierDevice, nil, local[:2]...)
+	ev.Store(t, 1, 0, kvindex.TierDevice, nil, local[:2]...)
 	parent := local[1] + 1
-	ev.store(t, 1, 0, kvindex.TierHostPinned, &parent, local[2])
-	ev.store(t, 2, 0, kvindex.TierDisk, nil, local[:1]...)
+	ev.Store(t, 1, 0, kvindex.TierHostPinned, &parent, local[2])
+	ev.Store(t, 2, 0, kvindex.TierDisk, nil, local[:1]...)
 
 	gotCache = map[uint64][3]int{}
 	_, err := s.Select(ctxb(), tokenReq(tokens(18), func(r *picker.SelectRequest) {
@@ -385,7 +387,7 @@ func TestCustomPolicyInputs(t *testing.T) {
 // 1024 active prefill tokens and 100 active blocks; worker B (2) idle prefill, 50 active blocks;
 // worker C (3) idle prefill, 500 active blocks.
 func workedExample(t *testing.T, mods ...func(*picker.Config)) (*picker.Service, []uint32) {
-	ev := newFakeEvents()
+	ev := pickertest.NewEventSource()
 	s := newService(t, append([]func(*picker.Config){withEvents(ev)}, mods...)...)
 	for id := uint64(1); id <= 3; id++ {
 		mustUpsert(t, s, worker(id, func(r *picker.WorkerRecord) {
@@ -395,9 +397,9 @@ func workedExample(t *testing.T, mods ...func(*picker.Config)) (*picker.Service,
 	}
 	toks := tokens(512)
 	local := kvindex.BlockHashes(toks, 16, kvindex.BaseSeed)
-	ev.store(t, 1, 0, kvindex.TierDevice, nil, local[:8]...)
+	ev.Store(t, 1, 0, kvindex.TierDevice, nil, local[:8]...)
 	parent := local[7] + 1
-	ev.store(t, 1, 0, kvindex.TierHostPinned, &parent, local[8:12]...)
+	ev.Store(t, 1, 0, kvindex.TierHostPinned, &parent, local[8:12]...)
 	book := func(id uint64, blocks int, isl uint64, completePrefill bool) {
 		seq := make([]uint64, blocks)
 		for i := range seq {
@@ -510,7 +512,7 @@ func TestOverrideValidation(t *testing.T) {
 }
 
 func TestOverlapSummaryCoversEveryRank(t *testing.T) {
-	ev := newFakeEvents()
+	ev := pickertest.NewEventSource()
 	s := newService(t, withEvents(ev))
 	mustUpsert(t, s, worker(1, func(r *picker.WorkerRecord) {
 		r.BlockSize = u32(16)
@@ -519,12 +521,12 @@ func TestOverlapSummaryCoversEveryRank(t *testing.T) {
 	}))
 	toks := tokens(16 * 10)
 	local := kvindex.BlockHashes(toks, 16, kvindex.BaseSeed)
-	ev.store(t, 1, 0, kvindex.TierDevice, nil, local[:4]...)
+	ev.Store(t, 1, 0, kvindex.TierDevice, nil, local[:4]...)
 	p := local[3] + 1
-	ev.store(t, 1, 0, kvindex.TierHostPinned, &p, local[4:6]...)
+	ev.Store(t, 1, 0, kvindex.TierHostPinned, &p, local[4:6]...)
 	p = local[5] + 1
-	ev.store(t, 1, 0, kvindex.TierDisk, &p, local[6:8]...)
-	ev.store(t, 1, 1, kvindex.TierDevice, nil, local[:2]...)
+	ev.Store(t, 1, 0, kvindex.TierDisk, &p, local[6:8]...)
+	ev.Store(t, 1, 1, kvindex.TierDevice, nil, local[:2]...)
 	sel, err := s.Select(ctxb(), tokenReq(toks, func(r *picker.SelectRequest) { r.PinnedWorker = &picker.WorkerRank{WorkerID: 1, DPRank: 2} }))
 	if err != nil {
 		t.Fatal(err)
@@ -699,7 +701,7 @@ func TestSelectAndReserveBooking(t *testing.T) {
 	})
 	t.Run("a caller cancelled while selecting gets its booking freed", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(ctxb())
-		cancelling := funcPicker{pick: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
+		cancelling := policytest.Picker{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
 			cancel()
 			return 0, nil
 		}}
@@ -748,7 +750,7 @@ func TestApproximateModeRecordsBookingsOnly(t *testing.T) {
 		}
 	})
 	t.Run("an event-driven index never records bookings", func(t *testing.T) {
-		ev := newFakeEvents()
+		ev := pickertest.NewEventSource()
 		s := newService(t, withEvents(ev))
 		mustUpsert(t, s, worker(1, func(r *picker.WorkerRecord) { r.KVEventsEndpoint = "tcp://w:1" }))
 		if _, err := s.SelectAndReserve(ctxb(), tokenReq(toks)); err != nil {

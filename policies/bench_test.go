@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
 
 // A stacked policy in the shape of the reference examples: a CACHE filter, three scorers over
@@ -68,16 +69,6 @@ func (randomTiePicker) Pick(ctx *policies.WorkerSelectionContext, v *policies.Wo
 	return best, nil
 }
 
-type sliceSource struct {
-	cache   []policies.CacheInputs
-	load    []policies.LoadInputs
-	routing []policies.RoutingInputs
-}
-
-func (s *sliceSource) Cache(i int) policies.CacheInputs     { return s.cache[i] }
-func (s *sliceSource) Load(i int) policies.LoadInputs       { return s.load[i] }
-func (s *sliceSource) Routing(i int) policies.RoutingInputs { return s.routing[i] }
-
 func stackedPolicy(tb testing.TB, n int) (*policies.WorkerSelectionPolicy, *policies.WorkerSelectionContext, []policies.Worker, policies.InputSource) {
 	tb.Helper()
 	p, err := policies.NewPolicyWithFilters(policies.DefaultRouterConfig(), "select",
@@ -88,14 +79,14 @@ func stackedPolicy(tb testing.TB, n int) (*policies.WorkerSelectionPolicy, *poli
 		tb.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(uint64(n), 1))
-	src := &sliceSource{}
-	ws := make([]policies.Worker, n)
-	for i := range ws {
-		ws[i] = policies.Worker{WorkerID: uint64(i / 2), DPRank: uint32(i % 2)}
-		src.cache = append(src.cache, policies.NewCacheInputs(rng.IntN(64), rng.IntN(8), rng.IntN(8), 0)) // ~1/64 filtered
-		src.load = append(src.load, policies.NewLoadInputs(rng.IntN(4096), rng.IntN(2000), rng.IntN(32)))
-		src.routing = append(src.routing, policies.NewRoutingInputs(math.Exp(-math.Tanh(rng.Float64()-0.5)), rng.IntN(2) == 0))
+	src := make(policytest.Source, n)
+	for i := range src {
+		src[i] = policytest.Candidate{Worker: policytest.W(uint64(i/2), uint32(i%2)),
+			Device: rng.IntN(64), Host: rng.IntN(8), Disk: rng.IntN(8), // ~1/64 filtered
+			Prefill: rng.IntN(4096), DecodeCost: rng.IntN(2000), Requests: rng.IntN(32),
+			Multiplier: math.Exp(-math.Tanh(rng.Float64() - 0.5)), HasMultiplier: rng.IntN(2) == 0}
 	}
+	ws := src.Workers()
 	ctx := policies.NewWorkerSelectionContext(policies.ContextParams{ISLTokens: 2048, BlockSize: 16, TracksPrefillTokens: true,
 		Rand: rand.New(rand.NewPCG(1, 1))})
 	// Warm up the policy's buffers.

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
 
 // --- test components --------------------------------------------------------------------------
@@ -77,38 +78,8 @@ func shuffled(f *fixture, rng *rand.Rand) ([]policies.Worker, permSource) {
 	return ws, permSource{f: f, perm: perm}
 }
 
-type filterFunc struct {
-	mask policies.WorkerInputs
-	fn   func(ctx *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error)
-}
-
-func (f filterFunc) RequiredWorkerInputs() policies.WorkerInputs { return f.mask }
-func (f filterFunc) Keep(ctx *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
-	return f.fn(ctx, c)
-}
-
-type scorerFunc struct {
-	mask policies.WorkerInputs
-	fn   func(ctx *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error)
-}
-
-func (s scorerFunc) RequiredWorkerInputs() policies.WorkerInputs { return s.mask }
-func (s scorerFunc) Score(ctx *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
-	return s.fn(ctx, c)
-}
-
-type pickerFunc struct {
-	mask policies.WorkerInputs
-	fn   func(ctx *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error)
-}
-
-func (p pickerFunc) RequiredWorkerInputs() policies.WorkerInputs { return p.mask }
-func (p pickerFunc) Pick(ctx *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
-	return p.fn(ctx, v)
-}
-
 // lowestCost picks the lowest cost (first on ties).
-var lowestCost = pickerFunc{fn: func(_ *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
+var lowestCost = policytest.Picker{Fn: func(_ *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
 	best := -1
 	for i, c := range v.Candidates() {
 		if best < 0 || c.Cost() < v.Candidates()[best].Cost() {
@@ -146,11 +117,11 @@ func TestFiltersRunInOrderOverSurvivors(t *testing.T) {
 		f := newFixture(10)
 		ws, src := shuffled(f, rng)
 		var log []string
-		evenOnly := filterFunc{fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
+		evenOnly := policytest.Filter{Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
 			log = append(log, fmt.Sprintf("f0:%d", c.Worker().WorkerID))
 			return c.Worker().WorkerID%2 == 0, nil
 		}}
-		aboveFour := filterFunc{fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
+		aboveFour := policytest.Filter{Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
 			if c.Worker().WorkerID%2 != 0 {
 				t.Fatalf("filter 1 saw worker %d rejected by filter 0", c.Worker().WorkerID)
 			}
@@ -158,7 +129,7 @@ func TestFiltersRunInOrderOverSurvivors(t *testing.T) {
 			return c.Worker().WorkerID > 4, nil
 		}}
 		p := mustPolicy(t, []policies.WorkerFilter{evenOnly, aboveFour},
-			[]policies.WorkerScorer{scorerFunc{fn: byID(0)}}, lowestCost)
+			[]policies.WorkerScorer{policytest.Scorer{Fn: byID(0)}}, lowestCost)
 		res, err := p.Select(newCtx(), ws, src)
 		if err != nil {
 			t.Fatal(err)
@@ -185,15 +156,15 @@ func TestFiltersRunInOrderOverSurvivors(t *testing.T) {
 func TestAllFiltered(t *testing.T) {
 	t.Run("filters that reject everyone fail with the filtered error and compute no scorer inputs", func(t *testing.T) {
 		f := newFixture(5)
-		rejectAll := filterFunc{mask: policies.InputsCache, fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error) {
+		rejectAll := policytest.Filter{In: policies.InputsCache, Fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error) {
 			return false, nil
 		}}
-		scorer := scorerFunc{mask: policies.InputsLoad | policies.InputsRouting, fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (float64, error) {
+		scorer := policytest.Scorer{In: policies.InputsLoad | policies.InputsRouting, Fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (float64, error) {
 			t.Fatal("scorer called")
 			return 0, nil
 		}}
 		p := mustPolicy(t, []policies.WorkerFilter{rejectAll}, []policies.WorkerScorer{scorer},
-			pickerFunc{mask: policies.InputsLoad, fn: lowestCost.fn})
+			policytest.Picker{In: policies.InputsLoad, Fn: lowestCost.Fn})
 		_, err := p.Select(newCtx(), f.workers, f)
 		if !errors.Is(err, policies.ErrAllFiltered) || err.Error() != "all eligible workers were rejected by policy filters" {
 			t.Fatalf("err = %v", err)
@@ -204,10 +175,10 @@ func TestAllFiltered(t *testing.T) {
 	})
 	t.Run("groups a later filter needs are not computed for candidates an earlier filter rejected", func(t *testing.T) {
 		f := newFixture(6)
-		first := filterFunc{fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
+		first := policytest.Filter{Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
 			return c.Worker().WorkerID <= 2, nil
 		}}
-		second := filterFunc{mask: policies.InputsLoad, fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error) {
+		second := policytest.Filter{In: policies.InputsLoad, Fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error) {
 			return true, nil
 		}}
 		p := mustPolicy(t, []policies.WorkerFilter{first, second}, nil, lowestCost)
@@ -236,21 +207,21 @@ func TestComponentsSeeOnlyDeclaredGroups(t *testing.T) {
 	f := newFixture(4)
 	f.device = []int{5, 6, 7, 8}
 	p := mustPolicy(t,
-		[]policies.WorkerFilter{filterFunc{mask: policies.InputsCache, fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
+		[]policies.WorkerFilter{policytest.Filter{In: policies.InputsCache, Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
 			filterSaw = record(c)
 			return true, nil
 		}}},
 		[]policies.WorkerScorer{
-			scorerFunc{mask: policies.InputsLoad, fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
+			policytest.Scorer{In: policies.InputsLoad, Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
 				scorer0Saw = record(c)
 				return 0, nil
 			}},
-			scorerFunc{mask: policies.InputsNone, fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
+			policytest.Scorer{In: policies.InputsNone, Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
 				scorer1Saw = record(c)
 				return 0, nil
 			}},
 		},
-		pickerFunc{mask: policies.InputsRouting | policies.InputsCache, fn: func(_ *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
+		policytest.Picker{In: policies.InputsRouting | policies.InputsCache, Fn: func(_ *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
 			pickerSaw = seen{v.Cache(0) != nil, v.Load(0) != nil, v.Routing(0) != nil}
 			for row, c := range v.Candidates() {
 				if got, want := v.Cache(row).DeviceOverlapBlocks(), f.device[c.Worker().WorkerID-1]; got != want {
@@ -296,11 +267,11 @@ func TestMutatedInputsDoNotLeak(t *testing.T) {
 	t.Run("a component overwriting its group copy does not change what the next component sees", func(t *testing.T) {
 		f := newFixture(3)
 		f.device = []int{4, 4, 4}
-		vandal := scorerFunc{mask: policies.InputsCache, fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
+		vandal := policytest.Scorer{In: policies.InputsCache, Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
 			*c.Cache() = policies.NewCacheInputs(999, 0, 0, 0)
 			return 0, nil
 		}}
-		reader := scorerFunc{mask: policies.InputsCache, fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
+		reader := policytest.Scorer{In: policies.InputsCache, Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
 			if d := c.Cache().DeviceOverlapBlocks(); d != 4 {
 				t.Fatalf("second scorer saw device %d", d)
 			}
@@ -318,13 +289,13 @@ func TestScoring(t *testing.T) {
 		f := newFixture(4)
 		var order []int
 		mk := func(idx int, weight float64) policies.WorkerScorer {
-			return scorerFunc{fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
+			return policytest.Scorer{Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
 				order = append(order, idx)
 				return weight * float64(c.Worker().WorkerID), nil
 			}}
 		}
 		var costs map[uint64]float64
-		picker := pickerFunc{fn: func(_ *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
+		picker := policytest.Picker{Fn: func(_ *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
 			costs = map[uint64]float64{}
 			for _, c := range v.Candidates() {
 				costs[c.Worker().WorkerID] = c.Cost()
@@ -353,7 +324,7 @@ func TestScoring(t *testing.T) {
 	})
 	t.Run("no scorers give every candidate cost zero", func(t *testing.T) {
 		f := newFixture(3)
-		p := mustPolicy(t, nil, nil, pickerFunc{fn: func(_ *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
+		p := mustPolicy(t, nil, nil, policytest.Picker{Fn: func(_ *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
 			for _, c := range v.Candidates() {
 				if c.Cost() != 0 {
 					t.Fatalf("cost %v", c.Cost())
@@ -382,7 +353,7 @@ func TestScoring(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(5)
 			mk := func(k int) policies.WorkerScorer {
-				return scorerFunc{fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
+				return policytest.Scorer{Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
 					if c.Worker().WorkerID == tc.targetWorke {
 						return tc.contrib[k], nil
 					}
@@ -390,7 +361,7 @@ func TestScoring(t *testing.T) {
 				}}
 			}
 			picked := false
-			p := mustPolicy(t, nil, []policies.WorkerScorer{mk(0), mk(1)}, pickerFunc{fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
+			p := mustPolicy(t, nil, []policies.WorkerScorer{mk(0), mk(1)}, policytest.Picker{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
 				picked = true
 				return 0, nil
 			}})
@@ -414,7 +385,7 @@ func TestPickerRowValidation(t *testing.T) {
 	for _, row := range []int{-1, 3, 100} {
 		t.Run(fmt.Sprintf("picker row %d out of three candidates is an invalid-row error", row), func(t *testing.T) {
 			f := newFixture(3)
-			p := mustPolicy(t, nil, nil, pickerFunc{fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
+			p := mustPolicy(t, nil, nil, policytest.Picker{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
 				return row, nil
 			}})
 			_, err := p.Select(newCtx(), f.workers, f)
@@ -429,10 +400,10 @@ func TestPickerRowValidation(t *testing.T) {
 		for trial := 0; trial < 50; trial++ {
 			f := newFixture(8)
 			ws, src := shuffled(f, rng)
-			dropOdd := filterFunc{fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
+			dropOdd := policytest.Filter{Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
 				return c.Worker().WorkerID%2 == 0, nil
 			}}
-			p := mustPolicy(t, []policies.WorkerFilter{dropOdd}, []policies.WorkerScorer{scorerFunc{fn: byID(0)}}, lowestCost)
+			p := mustPolicy(t, []policies.WorkerFilter{dropOdd}, []policies.WorkerScorer{policytest.Scorer{Fn: byID(0)}}, lowestCost)
 			res, err := p.Select(newCtx(), ws, src)
 			if err != nil {
 				t.Fatal(err)
@@ -463,13 +434,13 @@ func TestComponentErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(3)
 			p := mustPolicy(t,
-				[]policies.WorkerFilter{filterFunc{fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error) {
+				[]policies.WorkerFilter{policytest.Filter{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error) {
 					return true, tc.filter
 				}}},
-				[]policies.WorkerScorer{scorerFunc{fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (float64, error) {
+				[]policies.WorkerScorer{policytest.Scorer{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (float64, error) {
 					return 1, tc.scorer
 				}}},
-				pickerFunc{fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) { return 0, tc.picker }})
+				policytest.Picker{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) { return 0, tc.picker }})
 			_, err := p.Select(newCtx(), f.workers, f)
 			var pe *policies.PolicyError
 			if !errors.As(err, &pe) || err.Error() != tc.msg || pe.Stage != tc.stage {
@@ -501,19 +472,19 @@ func TestPanicsAreRecovered(t *testing.T) {
 				src = panicSource{}
 			}
 			p := mustPolicy(t,
-				[]policies.WorkerFilter{filterFunc{mask: policies.InputsCache, fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error) {
+				[]policies.WorkerFilter{policytest.Filter{In: policies.InputsCache, Fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error) {
 					if tc.where == policies.StageFilter {
 						boom()
 					}
 					return true, nil
 				}}},
-				[]policies.WorkerScorer{scorerFunc{fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (float64, error) {
+				[]policies.WorkerScorer{policytest.Scorer{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (float64, error) {
 					if tc.where == policies.StageScorer {
 						boom()
 					}
 					return 1, nil
 				}}},
-				pickerFunc{fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
+				policytest.Picker{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) {
 					if tc.where == policies.StagePicker {
 						boom()
 					}
@@ -549,7 +520,7 @@ func TestReentrantSelectIsRefused(t *testing.T) {
 		f := newFixture(2)
 		var p *policies.WorkerSelectionPolicy
 		var inner error
-		p = mustPolicy(t, nil, []policies.WorkerScorer{scorerFunc{fn: func(ctx *policies.WorkerSelectionContext, _ *policies.WorkerCandidate) (float64, error) {
+		p = mustPolicy(t, nil, []policies.WorkerScorer{policytest.Scorer{Fn: func(ctx *policies.WorkerSelectionContext, _ *policies.WorkerCandidate) (float64, error) {
 			_, inner = p.Select(newCtx(), f.workers, f)
 			return 0, nil
 		}}}, lowestCost)
@@ -567,16 +538,16 @@ func TestMinActivePrefillTokens(t *testing.T) {
 	t.Run("scorers see the minimum over filter survivors, computed once per selection", func(t *testing.T) {
 		f := newFixture(4)
 		f.prefill = []int{5, 50, 70, 90} // worker 1 has the minimum but is filtered out
-		dropFirst := filterFunc{fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
+		dropFirst := policytest.Filter{Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
 			return c.Worker().WorkerID != 1, nil
 		}}
 		var seen []int
-		scorer := scorerFunc{mask: policies.InputsLoad, fn: func(ctx *policies.WorkerSelectionContext, _ *policies.WorkerCandidate) (float64, error) {
+		scorer := policytest.Scorer{In: policies.InputsLoad, Fn: func(ctx *policies.WorkerSelectionContext, _ *policies.WorkerCandidate) (float64, error) {
 			seen = append(seen, ctx.MinActivePrefillTokens())
 			return 0, nil
 		}}
 		var pickerSaw int
-		picker := pickerFunc{fn: func(ctx *policies.WorkerSelectionContext, _ *policies.WorkerInputView) (int, error) {
+		picker := policytest.Picker{Fn: func(ctx *policies.WorkerSelectionContext, _ *policies.WorkerInputView) (int, error) {
 			pickerSaw = ctx.MinActivePrefillTokens()
 			return 0, nil
 		}}
@@ -599,7 +570,7 @@ func TestMinActivePrefillTokens(t *testing.T) {
 	})
 	t.Run("it is not computed when no component asks for it", func(t *testing.T) {
 		f := newFixture(4)
-		p := mustPolicy(t, nil, []policies.WorkerScorer{scorerFunc{fn: byID(0)}}, lowestCost)
+		p := mustPolicy(t, nil, []policies.WorkerScorer{policytest.Scorer{Fn: byID(0)}}, lowestCost)
 		if _, err := p.Select(newCtx(), f.workers, f); err != nil {
 			t.Fatal(err)
 		}
@@ -610,11 +581,11 @@ func TestMinActivePrefillTokens(t *testing.T) {
 	t.Run("from a filter it is the minimum over candidates alive before that filter", func(t *testing.T) {
 		f := newFixture(3)
 		f.prefill = []int{1, 20, 30}
-		dropFirst := filterFunc{fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
+		dropFirst := policytest.Filter{Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
 			return c.Worker().WorkerID != 1, nil
 		}}
 		var seen []int
-		second := filterFunc{fn: func(ctx *policies.WorkerSelectionContext, _ *policies.WorkerCandidate) (bool, error) {
+		second := policytest.Filter{Fn: func(ctx *policies.WorkerSelectionContext, _ *policies.WorkerCandidate) (bool, error) {
 			seen = append(seen, ctx.MinActivePrefillTokens())
 			return true, nil
 		}}
@@ -644,7 +615,7 @@ func TestNewPolicyValidation(t *testing.T) {
 	}{
 		{"a nil picker is rejected", nil, nil, nil, "picker must not be nil"},
 		{"a typed nil picker is rejected", nil, nil, nilPicker, "picker must not be nil"},
-		{"a nil scorer is rejected by index", nil, []policies.WorkerScorer{scorerFunc{fn: byID(0)}, nil}, lowestCost, "scorer 1 is nil"},
+		{"a nil scorer is rejected by index", nil, []policies.WorkerScorer{policytest.Scorer{Fn: byID(0)}, nil}, lowestCost, "scorer 1 is nil"},
 		{"a nil filter is rejected by index", []policies.WorkerFilter{nil}, nil, lowestCost, "filter 0 is nil"},
 	}
 	for _, tc := range cases {
@@ -658,8 +629,8 @@ func TestNewPolicyValidation(t *testing.T) {
 	t.Run("the policy records its config, worker type and the union of declared inputs", func(t *testing.T) {
 		cfg := policies.DefaultRouterConfig()
 		cfg.RouterTemperature = 0.5
-		p, err := policies.NewPolicy(cfg, "select", []policies.WorkerScorer{scorerFunc{mask: policies.InputsLoad, fn: byID(0)}},
-			pickerFunc{mask: policies.InputsCache, fn: lowestCost.fn})
+		p, err := policies.NewPolicy(cfg, "select", []policies.WorkerScorer{policytest.Scorer{In: policies.InputsLoad, Fn: byID(0)}},
+			policytest.Picker{In: policies.InputsCache, Fn: lowestCost.Fn})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,30 +7,13 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/examples/custompolicy"
 	"github.com/kvepp/kvepp/extproc/runner"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	go func() {
-		// After the first signal, restore the default handling so a second one ends the process
-		// at once instead of waiting for the drain window.
-		<-ctx.Done()
-		stop()
-	}()
-	if err := run(ctx, os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "epp-custom:", err)
-		os.Exit(1)
-	}
-}
+func main() { runner.Main("epp-custom", run) }
 
 // run registers the custom policy on the standard catalog and runs the standard EPP.
 func run(ctx context.Context, args []string) error {

@@ -1,78 +1,36 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/examples/custompolicy"
+	"github.com/kvepp/kvepp/internal/binarytest"
+	"github.com/kvepp/kvepp/internal/sharedtest"
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
 
-// TestMain lets the test binary act as the epp-custom binary: with KVEPP_TEST_RUN_MAIN=1 it runs
-// main with the arguments after "--". This also proves that `go build ./cmd/epp-custom` links.
-func TestMain(m *testing.M) {
-	if os.Getenv("KVEPP_TEST_RUN_MAIN") == "1" {
-		for i, a := range os.Args {
-			if a == "--" {
-				os.Args = append([]string{"epp-custom"}, os.Args[i+1:]...)
-				break
-			}
-		}
-		main()
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found")
-		}
-		dir = parent
-	}
-}
-
-// fakeSource gives every candidate decode cost 10·(worker id) blocks and no overlap.
-type fakeSource []policies.Worker
-
-func (s fakeSource) Cache(int) policies.CacheInputs { return policies.CacheInputs{} }
-func (s fakeSource) Load(i int) policies.LoadInputs {
-	return policies.NewLoadInputs(0, 10*int(s[i].WorkerID), 0)
-}
-func (s fakeSource) Routing(int) policies.RoutingInputs { return policies.RoutingInputs{} }
+// TestMain lets the test binary act as the epp-custom binary (binarytest.Start runs main with
+// the arguments given to it). This also proves that `go build ./cmd/epp-custom` links.
+func TestMain(m *testing.M) { binarytest.Main(m, "epp-custom", main) }
 
 func TestTheCustomPolicyIsSelectableByYAMLNextToTheStandardCatalog(t *testing.T) {
 	reg := catalog.Builtins()
 	if err := custompolicy.Register(reg); err != nil {
 		t.Fatal(err)
 	}
-	fromFile, err := catalog.LoadConfigFile(filepath.Join(repoRoot(t), "examples", "custompolicy", "worker-selection.yaml"))
+	fromFile, err := catalog.LoadConfigFile(filepath.Join(sharedtest.RepoRoot(t), "examples", "custompolicy", "worker-selection.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,8 +57,9 @@ func TestTheCustomPolicyIsSelectableByYAMLNextToTheStandardCatalog(t *testing.T)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ws := fakeSource{{WorkerID: 3}, {WorkerID: 1}, {WorkerID: 2}}
-			res2, err := p.Select(policies.NewWorkerSelectionContext(policies.ContextParams{ISLTokens: 16, BlockSize: 16, Rand: rand.New(rand.NewPCG(1, 1))}), ws, ws)
+			// Decode cost 10·(worker id) blocks and no overlap.
+			src := policytest.Source{{Worker: policytest.W(3, 0), DecodeCost: 30}, {Worker: policytest.W(1, 0), DecodeCost: 10}, {Worker: policytest.W(2, 0), DecodeCost: 20}}
+			res2, err := p.Select(policies.NewWorkerSelectionContext(policies.ContextParams{ISLTokens: 16, BlockSize: 16, Rand: rand.New(rand.NewPCG(1, 1))}), src.Workers(), src)
 			if err != nil || res2.Worker.WorkerID != 1 || res2.Cost != 10 {
 				t.Fatalf("picked %v cost %v, %v; want worker 1 at cost 10", res2.Worker, res2.Cost, err)
 			}
@@ -136,34 +95,6 @@ func TestRunRefusesAnInvalidSettingBeforeStarting(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a concurrency-safe output sink for the child process.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // post sends body to url and returns the status and the decoded JSON object.
 func post(t *testing.T, url, body string) (int, map[string]any) {
 	t.Helper()
@@ -189,36 +120,13 @@ func TestEPPCustomServesTheCustomPolicy(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(`worker_selection: {default: mine, instances: [{name: mine, type: acme-least-kv, parameters: {max_active_requests: 1}}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := freePort(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", "select-service", "--port", strconv.Itoa(port))
-	cmd.Env = append(os.Environ(), "KVEPP_TEST_RUN_MAIN=1", "DYN_EPP_BIND_ADDRESS=127.0.0.1",
-		"DYN_ROUTER_USE_KV_EVENTS=false", "DYN_ROUTER_POLICY_CONFIG="+cfgPath)
-	out := &lockedBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	}()
+	port := binarytest.FreePorts(t, 1)[0]
+	epp := binarytest.Start(t, "", []string{"DYN_EPP_BIND_ADDRESS=127.0.0.1",
+		"DYN_ROUTER_USE_KV_EVENTS=false", "DYN_ROUTER_POLICY_CONFIG=" + cfgPath}, "select-service", "--port", strconv.Itoa(port))
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get(base + "/health")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("select-service never answered: %v; output:\n%s", err, out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if !strings.Contains(out.String(), `"type":"acme-least-kv"`) {
-		t.Fatalf("the resolved policy is not acme-least-kv; output:\n%s", out.String())
+	binarytest.WaitHTTP(t, base+"/health", http.StatusOK, epp)
+	if !strings.Contains(epp.Output(), `"type":"acme-least-kv"`) {
+		t.Fatalf("the resolved policy is not acme-least-kv; output:\n%s", epp.Output())
 	}
 	for _, id := range []int{1, 2} {
 		if code, body := post(t, base+"/workers", fmt.Sprintf(`{"worker_id":%d,"endpoint":"http://w%d:8000","block_size":4}`, id, id)); code != http.StatusCreated {
@@ -241,17 +149,5 @@ func TestEPPCustomServesTheCustomPolicy(t *testing.T) {
 		t.Fatalf("third reservation: %d %v", code, body)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("epp-custom exited with %v; output:\n%s", err, out.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("epp-custom did not stop on SIGTERM; output:\n%s", out.String())
-	}
+	epp.Stop(t)
 }

@@ -8,26 +8,13 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/extproc/runner"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	go func() {
-		// After the first signal, restore the default handling so a second one ends the process
-		// at once instead of waiting for the drain window.
-		<-ctx.Done()
-		stop()
-	}()
-	if err := runner.Run(ctx, catalog.Builtins(), os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "epp:", err)
-		os.Exit(1)
-	}
+	runner.Main("epp", func(ctx context.Context, args []string) error {
+		return runner.Run(ctx, catalog.Builtins(), args)
+	})
 }

@@ -1,156 +1,32 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvepp/kvepp/internal/binarytest"
+	"github.com/kvepp/kvepp/internal/sharedtest"
 )
 
-// TestMain lets the test binary act as the epp binary: with KVEPP_TEST_RUN_MAIN=1 it runs main
-// with the arguments after "--".
-func TestMain(m *testing.M) {
-	if os.Getenv("KVEPP_TEST_RUN_MAIN") == "1" {
-		for i, a := range os.Args {
-			if a == "--" {
-				os.Args = append([]string{"epp"}, os.Args[i+1:]...)
-				break
-			}
-		}
-		main()
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found")
-		}
-		dir = parent
-	}
-}
-
-// freePorts returns n distinct free loopback ports.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ports []int
-	var lns []net.Listener
-	for i := 0; i < n; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return ports
-}
-
-// safeBuffer is a concurrency-safe output sink for the child process.
-type safeBuffer struct {
-	mu chan struct{}
-	b  bytes.Buffer
-}
-
-func newSafeBuffer() *safeBuffer { return &safeBuffer{mu: make(chan struct{}, 1)} }
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu <- struct{}{}
-	defer func() { <-s.mu }()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu <- struct{}{}
-	defer func() { <-s.mu }()
-	return s.b.String()
-}
+// TestMain lets the test binary act as the epp binary (binarytest.Start runs main with the
+// arguments given to it).
+func TestMain(m *testing.M) { binarytest.Main(m, "epp", main) }
 
 // startEPP runs this test binary as epp with env and args in the repository root.
-func startEPP(t *testing.T, env []string, args ...string) (*exec.Cmd, *safeBuffer) {
+func startEPP(t *testing.T, env []string, args ...string) *binarytest.Process {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
-	cmd.Dir = repoRoot(t)
-	cmd.Env = append(append(os.Environ(), "KVEPP_TEST_RUN_MAIN=1"), env...)
-	out := newSafeBuffer()
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	return cmd, out
-}
-
-// waitHTTP polls url until it answers want, returning the body.
-func waitHTTP(t *testing.T, url string, want int, out *safeBuffer) []byte {
-	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == want {
-				return body
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never answered %d (last error %v); output:\n%s", url, want, err, out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// stopEPP sends SIGTERM and waits for a clean exit.
-func stopEPP(t *testing.T, cmd *exec.Cmd, out *safeBuffer) {
-	t.Helper()
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("epp exited with %v; output:\n%s", err, out.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("epp did not exit after SIGTERM; output:\n%s", out.String())
-	}
+	return binarytest.Start(t, sharedtest.RepoRoot(t), env, args...)
 }
 
 func TestEPPRunsTheREADMECommandAndStopsOnSIGTERM(t *testing.T) {
-	ports := freePorts(t, 4)
-	cmd, out := startEPP(t, []string{
+	ports := binarytest.FreePorts(t, 4)
+	epp := startEPP(t, []string{
 		"DYN_EPP_WORKERS_FILE=examples/workers.yaml",
 		"DYN_EPP_TOKENIZER_DIR=../shared/models/qwen3",
 		"DYN_EPP_SECURE_SERVING=false",
@@ -164,7 +40,7 @@ func TestEPPRunsTheREADMECommandAndStopsOnSIGTERM(t *testing.T) {
 		Ready              bool `json:"ready"`
 		SchedulableWorkers int  `json:"schedulable_workers"`
 	}
-	if err := json.Unmarshal(waitHTTP(t, base+"/ready", http.StatusOK, out), &ready); err != nil {
+	if err := json.Unmarshal(binarytest.WaitHTTP(t, base+"/ready", http.StatusOK, epp), &ready); err != nil {
 		t.Fatal(err)
 	}
 	if !ready.Ready || ready.SchedulableWorkers != 3 {
@@ -174,21 +50,21 @@ func TestEPPRunsTheREADMECommandAndStopsOnSIGTERM(t *testing.T) {
 		WorkerID uint64 `json:"worker_id"`
 		Endpoint string `json:"endpoint"`
 	}
-	if err := json.Unmarshal(waitHTTP(t, base+"/workers", http.StatusOK, out), &workers); err != nil {
+	if err := json.Unmarshal(binarytest.WaitHTTP(t, base+"/workers", http.StatusOK, epp), &workers); err != nil {
 		t.Fatal(err)
 	}
 	if len(workers) != 3 || workers[1].Endpoint != "http://127.0.0.1:8002" {
 		t.Fatalf("/workers = %+v", workers)
 	}
-	metrics := string(waitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[3]), http.StatusOK, out))
+	metrics := string(binarytest.WaitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[3]), http.StatusOK, epp))
 	if !strings.Contains(metrics, "kvepp_ready_workers 3") {
 		t.Fatalf("metrics lack kvepp_ready_workers 3")
 	}
 	// ext_proc comes up once the tokenizer is loaded.
 	deadline := time.Now().Add(90 * time.Second)
-	for !strings.Contains(out.String(), `"message":"kvepp ready"`) {
+	for !strings.Contains(epp.Output(), `"message":"kvepp ready"`) {
 		if time.Now().After(deadline) {
-			t.Fatalf("never became ready; output:\n%s", out.String())
+			t.Fatalf("never became ready; output:\n%s", epp.Output())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -197,29 +73,29 @@ func TestEPPRunsTheREADMECommandAndStopsOnSIGTERM(t *testing.T) {
 	} else {
 		c.Close()
 	}
-	stopEPP(t, cmd, out)
-	if !strings.Contains(out.String(), "kvepp stopped") {
-		t.Fatalf("no shutdown log; output:\n%s", out.String())
+	epp.Stop(t)
+	if !strings.Contains(epp.Output(), "kvepp stopped") {
+		t.Fatalf("no shutdown log; output:\n%s", epp.Output())
 	}
 }
 
 func TestEPPExitsWithAnErrorNamingAnInvalidSetting(t *testing.T) {
-	cmd, out := startEPP(t, []string{"DYN_KV_CACHE_BLOCK_SIZE=0", "DYN_EPP_TOKENIZER_DIR=../shared/models/qwen3"})
-	err := cmd.Wait()
+	epp := startEPP(t, []string{"DYN_KV_CACHE_BLOCK_SIZE=0", "DYN_EPP_TOKENIZER_DIR=../shared/models/qwen3"})
+	err := epp.Wait()
 	if err == nil {
 		t.Fatal("epp started with DYN_KV_CACHE_BLOCK_SIZE=0")
 	}
-	if want := `epp: invalid DYN_KV_CACHE_BLOCK_SIZE "0": must be > 0`; !strings.Contains(out.String(), want) {
-		t.Fatalf("output %q lacks %q", out.String(), want)
+	if want := `epp: invalid DYN_KV_CACHE_BLOCK_SIZE "0": must be > 0`; !strings.Contains(epp.Output(), want) {
+		t.Fatalf("output %q lacks %q", epp.Output(), want)
 	}
 }
 
 func TestSelectServiceSubcommand(t *testing.T) {
-	port := freePorts(t, 1)[0]
-	cmd, out := startEPP(t, []string{"DYN_EPP_BIND_ADDRESS=127.0.0.1", "DYN_ROUTER_USE_KV_EVENTS=false"}, "select-service", "--port", strconv.Itoa(port))
+	port := binarytest.FreePorts(t, 1)[0]
+	epp := startEPP(t, []string{"DYN_EPP_BIND_ADDRESS=127.0.0.1", "DYN_ROUTER_USE_KV_EVENTS=false"}, "select-service", "--port", strconv.Itoa(port))
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	waitHTTP(t, base+"/health", http.StatusOK, out)
-	waitHTTP(t, base+"/ready", http.StatusServiceUnavailable, out)
+	binarytest.WaitHTTP(t, base+"/health", http.StatusOK, epp)
+	binarytest.WaitHTTP(t, base+"/ready", http.StatusServiceUnavailable, epp)
 	resp, err := http.Post(base+"/workers", "application/json",
 		strings.NewReader(`{"worker_id":7,"model_name":"m","endpoint":"http://w:8000","block_size":4}`))
 	if err != nil {
@@ -229,6 +105,6 @@ func TestSelectServiceSubcommand(t *testing.T) {
 	if resp.StatusCode != http.StatusCreated {
 		t.Fatalf("POST /workers: %d", resp.StatusCode)
 	}
-	waitHTTP(t, base+"/ready", http.StatusOK, out)
-	stopEPP(t, cmd, out)
+	binarytest.WaitHTTP(t, base+"/ready", http.StatusOK, epp)
+	epp.Stop(t)
 }

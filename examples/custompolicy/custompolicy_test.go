@@ -3,88 +3,48 @@ package custompolicy_test
 import (
 	"errors"
 	"math/rand/v2"
-	"strings"
 	"testing"
 
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/examples/custompolicy"
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
-
-// row is one candidate's explicit inputs.
-type row struct {
-	w          policies.Worker
-	device     int     // blocks
-	decodeCost int     // blocks
-	requests   int     // live bookings
-	multiplier float64 // preferred-taint multiplier; 0 = none
-}
-
-// source is an InputSource over rows in the order given to Select.
-type source []row
-
-func (s source) Cache(i int) policies.CacheInputs {
-	return policies.NewCacheInputs(s[i].device, 0, 0, 0)
-}
-func (s source) Load(i int) policies.LoadInputs {
-	return policies.NewLoadInputs(0, s[i].decodeCost, s[i].requests)
-}
-func (s source) Routing(i int) policies.RoutingInputs {
-	return policies.NewRoutingInputs(s[i].multiplier, s[i].multiplier != 0)
-}
 
 func newPolicy(t *testing.T, raw string) *policies.WorkerSelectionPolicy {
 	t.Helper()
-	params, err := policies.NewPolicyParameters([]byte(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := custompolicy.Provider(params)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := f(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: "default"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return policytest.NewPolicy(t, custompolicy.Provider, raw)
 }
 
 // pick shuffles rows, runs Select and returns the chosen worker and its cost.
-func pick(p *policies.WorkerSelectionPolicy, rows []row, rng *rand.Rand) (policies.Worker, float64, error) {
-	s := append(source(nil), rows...)
-	rng.Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] })
-	ws := make([]policies.Worker, len(s))
-	for i, r := range s {
-		ws[i] = r.w
-	}
-	res, err := p.Select(policies.NewWorkerSelectionContext(policies.ContextParams{ISLTokens: 64, BlockSize: 16, Rand: rng}), ws, s)
+func pick(p *policies.WorkerSelectionPolicy, rows policytest.Source, rng *rand.Rand) (policies.Worker, float64, error) {
+	res, err := policytest.Select(p, policies.ContextParams{ISLTokens: 64, BlockSize: 16}, rng, rows)
 	return res.Worker, res.Cost, err
 }
 
-func w(id uint64, rank uint32) policies.Worker { return policies.Worker{WorkerID: id, DPRank: rank} }
+var w = policytest.W
 
 func TestAcmeLeastKVDecisions(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, tc := range []struct {
 		name     string
 		raw      string
-		rows     []row
+		rows     policytest.Source
 		want     policies.Worker
 		wantCost float64
 	}{
 		{"the smallest decode footprint wins", `{"max_active_requests": 8}`,
-			[]row{{w: w(1, 0), decodeCost: 90}, {w: w(2, 0), decodeCost: 40}}, w(2, 0), 40},
+			policytest.Source{{Worker: w(1, 0), DecodeCost: 90}, {Worker: w(2, 0), DecodeCost: 40}}, w(2, 0), 40},
 		{"device overlap is credited against the footprint", `{"max_active_requests": 8, "device_overlap_credit": 2}`,
-			[]row{{w: w(1, 0), decodeCost: 90, device: 30}, {w: w(2, 0), decodeCost: 40}}, w(1, 0), 30},
+			policytest.Source{{Worker: w(1, 0), DecodeCost: 90, Device: 30}, {Worker: w(2, 0), DecodeCost: 40}}, w(1, 0), 30},
 		{"the credit never makes a cost negative", `{"max_active_requests": 8, "device_overlap_credit": 10}`,
-			[]row{{w: w(1, 0), decodeCost: 20, device: 30}, {w: w(2, 0), decodeCost: 20, device: 2}}, w(1, 0), 0},
+			policytest.Source{{Worker: w(1, 0), DecodeCost: 20, Device: 30}, {Worker: w(2, 0), DecodeCost: 20, Device: 2}}, w(1, 0), 0},
 		{"a preferred-taint multiplier scales the cost", `{"max_active_requests": 8}`,
-			[]row{{w: w(1, 0), decodeCost: 60, multiplier: 0.5}, {w: w(2, 0), decodeCost: 40}}, w(1, 0), 30},
+			policytest.Source{{Worker: w(1, 0), DecodeCost: 60, Multiplier: 0.5, HasMultiplier: true}, {Worker: w(2, 0), DecodeCost: 40}}, w(1, 0), 30},
 		{"a worker at the active-request cap is filtered out even when cheapest", `{"max_active_requests": 2}`,
-			[]row{{w: w(1, 0), decodeCost: 1, requests: 2}, {w: w(2, 0), decodeCost: 40, requests: 1}}, w(2, 0), 40},
+			policytest.Source{{Worker: w(1, 0), DecodeCost: 1, Requests: 2}, {Worker: w(2, 0), DecodeCost: 40, Requests: 1}}, w(2, 0), 40},
 		{"equal costs go to the lowest worker id, then the lowest dp_rank", `{"max_active_requests": 8}`,
-			[]row{{w: w(7, 1), decodeCost: 5}, {w: w(7, 0), decodeCost: 5}, {w: w(9, 0), decodeCost: 5}}, w(7, 0), 5},
+			policytest.Source{{Worker: w(7, 1), DecodeCost: 5}, {Worker: w(7, 0), DecodeCost: 5}, {Worker: w(9, 0), DecodeCost: 5}}, w(7, 0), 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPolicy(t, tc.raw)
@@ -98,7 +58,7 @@ func TestAcmeLeastKVDecisions(t *testing.T) {
 	}
 	t.Run("every worker at the cap fails with ErrAllFiltered", func(t *testing.T) {
 		p := newPolicy(t, `{"max_active_requests": 1}`)
-		if _, _, err := pick(p, []row{{w: w(1, 0), requests: 1}, {w: w(2, 0), requests: 3}}, rng); !errors.Is(err, policies.ErrAllFiltered) {
+		if _, _, err := pick(p, policytest.Source{{Worker: w(1, 0), Requests: 1}, {Worker: w(2, 0), Requests: 3}}, rng); !errors.Is(err, policies.ErrAllFiltered) {
 			t.Fatalf("err = %v", err)
 		}
 	})
@@ -109,7 +69,7 @@ func TestAcmeLeastKVRequestsTheGroupsItReads(t *testing.T) {
 	if got := p.RequiredInputs(); got != policies.InputsAll {
 		t.Fatalf("RequiredInputs = %v", got)
 	}
-	if _, _, err := pick(p, []row{{w: w(1, 0), requests: 1}, {w: w(2, 0)}}, rand.New(rand.NewPCG(1, 1))); err != nil {
+	if _, _, err := pick(p, policytest.Source{{Worker: w(1, 0), Requests: 1}, {Worker: w(2, 0)}}, rand.New(rand.NewPCG(1, 1))); err != nil {
 		t.Fatal(err)
 	}
 	// Worker 1 is filtered on LOAD, so its CACHE and ROUTING groups are never computed.
@@ -129,11 +89,7 @@ func TestAcmeLeastKVProviderValidation(t *testing.T) {
 		{"a credit overflowing to infinity is rejected by name", `{"max_active_requests": 1, "device_overlap_credit": 1e400}`, "device_overlap_credit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			params, _ := policies.NewPolicyParameters([]byte(tc.raw))
-			_, err := custompolicy.Provider(params)
-			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), custompolicy.TypeName) {
-				t.Fatalf("err = %v, want %q", err, tc.want)
-			}
+			policytest.WantRejected(t, custompolicy.Provider, custompolicy.TypeName, tc.raw, tc.want)
 		})
 	}
 }

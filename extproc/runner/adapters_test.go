@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvepp/kvepp/extproc"
 	"github.com/kvepp/kvepp/extproc/extproctest"
+	"github.com/kvepp/kvepp/internal/sharedtest"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -101,7 +102,7 @@ func (c *countingTokenizer) TokenizeResponses([]byte) ([]uint32, error) {
 }
 
 func TestTokenizersAreLoadedOncePerDirectory(t *testing.T) {
-	dir := tokenizerDir(t)
+	dir := sharedtest.Qwen3TokenizerDir(t)
 	cfg := DefaultConfig()
 	cfg.TokenizerDir = dir
 	cfg.Tokenizers = ModelDirs{"a": dir, "b": dir + "/"}

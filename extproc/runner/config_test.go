@@ -4,20 +4,15 @@ import (
 	"errors"
 	"flag"
 	"io"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvepp/kvepp/internal/sharedtest"
 )
 
-// tokenizerDir is the shared Qwen3 tokenizer directory, found relative to the repository root.
-func tokenizerDir(t testing.TB) string {
-	t.Helper()
-	return filepath.Join(repoRoot(t), "..", "shared", "models", "qwen3")
-}
-
 func TestLoadConfigDefaults(t *testing.T) {
-	cfg, err := LoadConfig([]string{"DYN_EPP_TOKENIZER_DIR=" + tokenizerDir(t)}, nil, io.Discard)
+	cfg, err := LoadConfig([]string{"DYN_EPP_TOKENIZER_DIR=" + sharedtest.Qwen3TokenizerDir(t)}, nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +53,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 }
 
 func TestLoadConfigParsesValues(t *testing.T) {
-	tok := tokenizerDir(t)
+	tok := sharedtest.Qwen3TokenizerDir(t)
 	tests := []struct {
 		name  string
 		env   []string
@@ -179,7 +174,7 @@ func TestLoadConfigParsesValues(t *testing.T) {
 }
 
 func TestLoadConfigRejectsInvalidSettingsNamingThem(t *testing.T) {
-	tok := "DYN_EPP_TOKENIZER_DIR=" + tokenizerDir(t)
+	tok := "DYN_EPP_TOKENIZER_DIR=" + sharedtest.Qwen3TokenizerDir(t)
 	tests := []struct {
 		name    string
 		env     []string
@@ -253,7 +248,7 @@ func TestLoadConfigHelp(t *testing.T) {
 
 func TestDefaultConfigValidatesWithATokenizer(t *testing.T) {
 	cfg := DefaultConfig()
-	cfg.TokenizerDir = tokenizerDir(t)
+	cfg.TokenizerDir = sharedtest.Qwen3TokenizerDir(t)
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/kvepp/kvepp/internal/sharedtest"
 )
 
 // dockerignoreMatcher compiles .dockerignore patterns with Docker's rules: paths relative to the
@@ -67,7 +69,7 @@ func dockerignoreMatcher(t *testing.T, path string) func(string) bool {
 }
 
 func TestDockerignoreKeepsBuildOutputsOutOfTheContext(t *testing.T) {
-	excluded := dockerignoreMatcher(t, filepath.Join(repoRoot(t), ".dockerignore"))
+	excluded := dockerignoreMatcher(t, filepath.Join(sharedtest.RepoRoot(t), ".dockerignore"))
 	for _, tc := range []struct {
 		path string
 		want bool

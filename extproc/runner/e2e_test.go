@@ -21,39 +21,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvepp/kvepp/extproc/extproctest"
+	"github.com/kvepp/kvepp/internal/sharedtest"
 	"github.com/kvepp/kvepp/kvindex/kvevents/kveventstest"
 	"github.com/kvepp/kvepp/picker"
 )
-
-// goldenRequest is one vector of ../shared/golden/qwen3-requests.json.
-type goldenRequest struct {
-	Name      string          `json:"name"`
-	Path      string          `json:"path"`
-	Body      json.RawMessage `json:"body"`
-	TokenIDs  []uint32        `json:"token_ids"`
-	BlockSize int             `json:"block_size"`
-}
-
-func loadGolden(t testing.TB, name string) goldenRequest {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(repoRoot(t), "..", "shared", "golden", "qwen3-requests.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f struct {
-		Vectors []goldenRequest `json:"vectors"`
-	}
-	if err := json.Unmarshal(data, &f); err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range f.Vectors {
-		if v.Name == name {
-			return v
-		}
-	}
-	t.Fatalf("golden vector %q not found", name)
-	return goldenRequest{}
-}
 
 // testLogger writes the runner's logs to the test log.
 func testLogger(t testing.TB) *zerolog.Logger {
@@ -74,7 +45,7 @@ func loopbackConfig(t testing.TB) Config {
 	cfg.BindAddress = "127.0.0.1"
 	cfg.GRPCPort, cfg.GRPCHealthPort, cfg.SelectionHTTPPort, cfg.MetricsPort = 0, 0, 0, 0
 	cfg.SecureServing = false
-	cfg.TokenizerDir = tokenizerDir(t)
+	cfg.TokenizerDir = sharedtest.Qwen3TokenizerDir(t)
 	cfg.DrainTimeout = Seconds(50 * time.Millisecond)
 	return cfg
 }
@@ -214,7 +185,7 @@ const e2eModel = "Qwen/Qwen3-0.6B"
 type e2eFixture struct {
 	inst   *Instance
 	client *extproctest.Client
-	golden goldenRequest
+	golden sharedtest.RequestVector
 	pubs   []*kveventstest.Publisher
 	k      int
 }
@@ -224,7 +195,7 @@ type e2eFixture struct {
 // the first k−1, and the fixture waits until the index shows both.
 func newE2EFixture(t *testing.T, k int, tweak func(*Config)) *e2eFixture {
 	t.Helper()
-	f := &e2eFixture{golden: loadGolden(t, "chat-long"), k: k}
+	f := &e2eFixture{golden: sharedtest.RequestVectorNamed(t, "chat-long"), k: k}
 	if f.golden.BlockSize != 16 || len(f.golden.TokenIDs) < 16*k {
 		t.Fatalf("golden chat-long: block size %d, %d tokens", f.golden.BlockSize, len(f.golden.TokenIDs))
 	}
@@ -551,7 +522,7 @@ func sendAll(t testing.TB, ps extprocv3.ExternalProcessor_ProcessClient, msgs ..
 // real runner over loopback gRPC: emulator → ext_proc → tokenizer → selection and booking →
 // routing reply → streamed response → free.
 func BenchmarkRoutedChatRequest(b *testing.B) {
-	golden := loadGolden(b, "chat-long")
+	golden := sharedtest.RequestVectorNamed(b, "chat-long")
 	cfg := loopbackConfig(b)
 	cfg.UseKVEvents = false
 	inst := startInstance(b, cfg)

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvepp/kvepp/catalog"
+	"github.com/kvepp/kvepp/internal/sharedtest"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -188,7 +189,7 @@ func TestQueueSettingsReachThePicker(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := LoadConfig(append([]string{"DYN_EPP_TOKENIZER_DIR=" + tokenizerDir(t)}, tc.env...), nil, io.Discard)
+			cfg, err := LoadConfig(append([]string{"DYN_EPP_TOKENIZER_DIR=" + sharedtest.Qwen3TokenizerDir(t)}, tc.env...), nil, io.Discard)
 			if err != nil {
 				t.Fatal(err)
 			}

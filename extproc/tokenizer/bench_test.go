@@ -1,10 +1,11 @@
 package tokenizer
 
 import (
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvepp/kvepp/internal/sharedtest"
 )
 
 // cpuTime returns the process's user+system CPU time. The benchmarks report tokens per CPU
@@ -28,7 +29,7 @@ func reportTokens(b *testing.B, tokens int, cpu0 time.Duration) {
 
 func chatLongBody(b *testing.B) ([]byte, int) {
 	b.Helper()
-	for _, v := range loadGoldenTB(b) {
+	for _, v := range sharedtest.RequestVectors(b) {
 		if v.Name == "chat-long" {
 			return v.Body, len(v.TokenIDs)
 		}
@@ -62,7 +63,7 @@ func BenchmarkEncodeChatLongPrompt(b *testing.B) {
 	tk := qwen3(b)
 	var prompt string
 	var n int
-	for _, v := range loadGoldenTB(b) {
+	for _, v := range sharedtest.RequestVectors(b) {
 		if v.Name == "chat-long" {
 			prompt, n = v.RenderedPrompt, len(v.TokenIDs)
 		}
@@ -79,7 +80,7 @@ func BenchmarkEncodeChatLongPrompt(b *testing.B) {
 
 // BenchmarkLoad measures Load of the 11 MB Qwen3 tokenizer.json plus its config.
 func BenchmarkLoad(b *testing.B) {
-	dir := filepath.Join(sharedDir(b), "models", "qwen3")
+	dir := sharedtest.Qwen3TokenizerDir(b)
 	b.ReportAllocs()
 	cpu0 := cpuTime()
 	for i := 0; i < b.N; i++ {

@@ -1,55 +1,19 @@
 package tokenizer
 
 import (
-	"bytes"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvepp/kvepp/internal/sharedtest"
 )
-
-type goldenVector struct {
-	Name           string          `json:"name"`
-	Path           string          `json:"path"`
-	Body           json.RawMessage `json:"body"`
-	RenderedPrompt string          `json:"rendered_prompt"`
-	TokenIDs       []uint32        `json:"token_ids"`
-	BlockSize      int             `json:"block_size"`
-	BlockHashes    []uint64        `json:"block_hashes"`
-	SequenceHashes []uint64        `json:"sequence_hashes"`
-}
-
-func loadGolden(t *testing.T) []goldenVector { return loadGoldenTB(t) }
-
-func loadGoldenTB(t testing.TB) []goldenVector {
-	t.Helper()
-	path := filepath.Join(sharedDir(t), "golden", "qwen3-requests.json")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var g struct {
-		Vectors []goldenVector `json:"vectors"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber() // hashes are uint64: never through float64
-	if err := dec.Decode(&g); err != nil {
-		t.Fatalf("decode %s: %v", path, err)
-	}
-	if len(g.Vectors) == 0 {
-		t.Fatalf("%s has no vectors", path)
-	}
-	return g.Vectors
-}
 
 // TestGoldenQwen3Requests checks every vector of shared/golden/qwen3-requests.json: rendered
 // prompt, token ids, block hashes and sequence hashes at the vector's block size.
 func TestGoldenQwen3Requests(t *testing.T) {
 	tk := qwen3(t)
-	for _, v := range loadGolden(t) {
+	for _, v := range sharedtest.RequestVectors(t) {
 		t.Run(v.Name+" reproduces the reference prompt, tokens and hashes", func(t *testing.T) {
 			var ids []uint32
 			var err error

@@ -2,33 +2,13 @@ package tokenizer
 
 import (
 	"encoding/binary"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 
 	"github.com/zeebo/xxh3"
-)
 
-// sharedDir returns the shared/ directory next to the repository root (the directory holding
-// go.mod), per contracts.md.
-func sharedDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "..", "shared")
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
+	"github.com/kvepp/kvepp/internal/sharedtest"
+)
 
 var (
 	qwenOnce sync.Once
@@ -39,7 +19,7 @@ var (
 // qwen3 loads the shared Qwen3 tokenizer once per test binary.
 func qwen3(t testing.TB) *Tokenizer {
 	t.Helper()
-	dir := filepath.Join(sharedDir(t), "models", "qwen3")
+	dir := sharedtest.Qwen3TokenizerDir(t)
 	qwenOnce.Do(func() { qwenTok, qwenErr = Load(dir) })
 	if qwenErr != nil {
 		t.Fatalf("Load(%s): %v", dir, qwenErr)

@@ -412,20 +412,9 @@ func (x *decoder) field(ev *RawEvent, name string, fs *fieldState) error {
 		}
 		ev.BlockSize, fs.blockSize = int(v), true
 	case "lora_id":
-		v, ok, err := x.optInt()
-		if err != nil {
-			return err
-		}
-		ev.LoraID = nil
-		if ok {
-			ev.LoraID = &v
-		}
+		return x.optIntField(&ev.LoraID)
 	case "medium":
-		s, _, err := x.optString()
-		if err != nil {
-			return err
-		}
-		ev.Medium = s
+		return x.optStringField(&ev.Medium)
 	case "lora_name":
 		return x.loraSlot(ev)
 	case "extra_keys":
@@ -440,26 +429,11 @@ func (x *decoder) field(ev *RawEvent, name string, fs *fieldState) error {
 			ev.GroupIdx = int(v)
 		}
 	case "kv_cache_spec_kind":
-		s, _, err := x.optString()
-		if err != nil {
-			return err
-		}
-		ev.KVCacheSpecKind = s
+		return x.optStringField(&ev.KVCacheSpecKind)
 	case "kv_cache_spec_sliding_window":
-		v, ok, err := x.optInt()
-		if err != nil {
-			return err
-		}
-		ev.SlidingWindow = nil
-		if ok {
-			ev.SlidingWindow = &v
-		}
+		return x.optIntField(&ev.SlidingWindow)
 	case "locality":
-		s, _, err := x.optString()
-		if err != nil {
-			return err
-		}
-		ev.Locality = s
+		return x.optStringField(&ev.Locality)
 	default:
 		return x.skip(1)
 	}
@@ -467,17 +441,13 @@ func (x *decoder) field(ev *RawEvent, name string, fs *fieldState) error {
 }
 
 func (x *decoder) hashList(fs *fieldState) ([]uint64, error) {
-	c, err := x.d.PeekCode()
+	n, ok, err := x.optArrayLen(1)
 	if err != nil {
 		return nil, err
 	}
-	if !isArray(c) {
+	if !ok {
 		fs.hashes = false
-		return nil, x.skip(1)
-	}
-	n, err := x.arrayLen()
-	if err != nil {
-		return nil, err
+		return nil, nil
 	}
 	hs := make([]uint64, 0, n)
 	valid := true
@@ -529,15 +499,8 @@ func (x *decoder) hash() (uint64, bool, error) {
 func (x *decoder) tokenIDs(ev *RawEvent, fs *fieldState) error {
 	fs.tokens = false
 	ev.TokenIDs, ev.Bigram = nil, false
-	c, err := x.d.PeekCode()
-	if err != nil {
-		return err
-	}
-	if !isArray(c) {
-		return x.skip(1)
-	}
-	n, err := x.arrayLen()
-	if err != nil {
+	n, ok, err := x.optArrayLen(1)
+	if err != nil || !ok {
 		return err
 	}
 	toks := make([]uint32, 0, n)
@@ -576,21 +539,14 @@ func (x *decoder) tokenIDs(ev *RawEvent, fs *fieldState) error {
 			toks = append(toks, t)
 			continue
 		}
-		c, err := x.d.PeekCode()
+		m, isPair, err := x.optArrayLen(1)
 		if err != nil {
 			return err
 		}
-		if !isArray(c) {
+		if !isPair {
 			fs.fail(fmt.Errorf("%w: token_ids[%d] is not a bigram pair", ErrInvalidEvent, i))
 			valid = false
-			if err := x.skip(1); err != nil {
-				return err
-			}
 			continue
-		}
-		m, err := x.arrayLen()
-		if err != nil {
-			return err
 		}
 		for j := 0; j < m; j++ {
 			if j >= 2 || !valid {
@@ -709,15 +665,8 @@ func (x *decoder) loraSlot(ev *RawEvent) error {
 
 func (x *decoder) extraKeys(ev *RawEvent) error {
 	ev.ExtraKeys = nil
-	c, err := x.d.PeekCode()
-	if err != nil {
-		return err
-	}
-	if !isArray(c) {
-		return x.skip(1)
-	}
-	n, err := x.arrayLen()
-	if err != nil {
+	n, ok, err := x.optArrayLen(1)
+	if err != nil || !ok {
 		return err
 	}
 	keys := make([][]any, n)
@@ -800,6 +749,32 @@ func (x *decoder) optInt() (int64, bool, error) {
 	return int64(u), true, nil
 }
 
+// optIntField decodes an optional integer field into *dst: a pointer to the value, or nil when
+// the value is nil or not an integer that fits int64 (consumed either way). On a decoding error
+// *dst is left unchanged.
+func (x *decoder) optIntField(dst **int64) error {
+	v, ok, err := x.optInt()
+	if err != nil {
+		return err
+	}
+	*dst = nil
+	if ok {
+		*dst = &v
+	}
+	return nil
+}
+
+// optStringField decodes an optional string field into *dst: the str or bin value, or "" for
+// nil or another type (consumed either way). On a decoding error *dst is left unchanged.
+func (x *decoder) optStringField(dst *string) error {
+	s, _, err := x.optString()
+	if err != nil {
+		return err
+	}
+	*dst = s
+	return nil
+}
+
 // optString decodes an optional str or bin value; ok is false for nil or another type (consumed).
 func (x *decoder) optString() (string, bool, error) {
 	c, err := x.d.PeekCode()
@@ -836,29 +811,42 @@ func (x *decoder) key() (string, bool, error) {
 // takes at least one byte), so a forged length cannot force a huge allocation. nil counts as 0.
 func (x *decoder) arrayLen() (int, error) {
 	n, err := x.d.DecodeArrayLen()
+	return x.boundedLen(n, err, 1, "array", "elements")
+}
+
+// optArrayLen decodes an optional array header: (n, true) for an array of n elements (checked as
+// by arrayLen), or (0, false) after skipping a value of another type (see skip for depth).
+func (x *decoder) optArrayLen(depth int) (int, bool, error) {
+	c, err := x.d.PeekCode()
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	if n < 0 {
-		return 0, nil
+	if !isArray(c) {
+		return 0, false, x.skip(depth)
 	}
-	if n > x.r.Len() {
-		return 0, fmt.Errorf("array of %d elements exceeds the %d bytes left", n, x.r.Len())
-	}
-	return n, nil
+	n, err := x.arrayLen()
+	return n, err == nil, err
 }
 
 // mapLen is arrayLen for map headers (every entry takes at least two bytes).
 func (x *decoder) mapLen() (int, error) {
 	n, err := x.d.DecodeMapLen()
-	if err != nil {
-		return 0, err
+	return x.boundedLen(n, err, 2, "map", "entries")
+}
+
+// boundedLen checks a decoded header length n (negative for nil, which counts as 0) of n items
+// taking at least itemBytes bytes each against the bytes left in the payload; decodeErr, the
+// header's decoding error, is returned as is. The error names the length: "<kind> of <n> <unit>
+// exceeds the <left> bytes left".
+func (x *decoder) boundedLen(n int, decodeErr error, itemBytes int, kind, unit string) (int, error) {
+	if decodeErr != nil {
+		return 0, decodeErr
 	}
 	if n < 0 {
 		return 0, nil
 	}
-	if n > x.r.Len()/2 {
-		return 0, fmt.Errorf("map of %d entries exceeds the %d bytes left", n, x.r.Len())
+	if n > x.r.Len()/itemBytes {
+		return 0, fmt.Errorf("%s of %d %s exceeds the %d bytes left", kind, n, unit, x.r.Len())
 	}
 	return n, nil
 }
@@ -915,16 +903,7 @@ func (x *decoder) skip(depth int) error {
 // decoder by up to 1 MiB per call for a forged length.)
 func (x *decoder) bytesLen() (int, error) {
 	n, err := x.d.DecodeBytesLen()
-	if err != nil {
-		return 0, err
-	}
-	if n < 0 {
-		return 0, nil
-	}
-	if n > x.r.Len() {
-		return 0, fmt.Errorf("string of %d bytes exceeds the %d bytes left", n, x.r.Len())
-	}
-	return n, nil
+	return x.boundedLen(n, err, 1, "string", "bytes")
 }
 
 // skipExt skips a MessagePack extension value (header, type byte and data).

@@ -2,11 +2,8 @@ package kvevents_test
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"math"
-	"os"
-	"path/filepath"
 	"runtime"
 	"testing"
 
@@ -14,52 +11,10 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/kvepp/kvepp/internal/sharedtest"
 	"github.com/kvepp/kvepp/kvindex/kvevents"
 	kt "github.com/kvepp/kvepp/kvindex/kvevents/kveventstest"
 )
-
-// sharedDir returns the project's shared/ directory: the parent of the directory holding go.mod,
-// then shared.
-func sharedDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "..", "shared")
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
-
-type goldenVector struct {
-	Name string `json:"name"`
-	Hex  string `json:"hex"`
-}
-
-func loadGolden(t testing.TB) []goldenVector {
-	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(sharedDir(t), "golden", "kv-events.json"))
-	if err != nil {
-		t.Fatalf("read golden kv-events.json: %v", err)
-	}
-	var doc struct {
-		Vectors []goldenVector `json:"vectors"`
-	}
-	if err := json.Unmarshal(raw, &doc); err != nil {
-		t.Fatalf("parse golden kv-events.json: %v", err)
-	}
-	if len(doc.Vectors) == 0 {
-		t.Fatal("golden kv-events.json has no vectors")
-	}
-	return doc.Vectors
-}
 
 func u32p(v uint32) *uint32 { return &v }
 func i64p(v int64) *int64   { return &v }
@@ -98,7 +53,7 @@ func TestGoldenVectorsDecodeToTheirStatedMeaning(t *testing.T) {
 			{Type: "BlockStored", BlockHashes: []uint64{12}, HasParent: true, ParentHash: 11, TokenIDs: []uint32{3, 4},
 				BlockSize: 2, Medium: "CPU", KVCacheSpecKind: "full_attention"}}},
 	}
-	for _, v := range loadGolden(t) {
+	for _, v := range sharedtest.KVEventVectors(t) {
 		t.Run("vector "+v.Name+" decodes as stated", func(t *testing.T) {
 			w, ok := want[v.Name]
 			if !ok {
@@ -121,7 +76,7 @@ func TestGoldenVectorsDecodeToTheirStatedMeaning(t *testing.T) {
 
 func TestGoldenArrayAndMapFormsMatchThePublisherEncoding(t *testing.T) {
 	byName := map[string]string{}
-	for _, v := range loadGolden(t) {
+	for _, v := range sharedtest.KVEventVectors(t) {
 		byName[v.Name] = v.Hex
 	}
 	ev := kt.Stored(nil, []uint64{11}, []uint32{10, 11}, 2).WithMedium("GPU")

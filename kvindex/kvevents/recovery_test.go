@@ -6,36 +6,22 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvepp/kvepp/internal/syncbuf"
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/kvindex/kvevents"
 	kt "github.com/kvepp/kvepp/kvindex/kvevents/kveventstest"
 )
 
-// syncBuffer is a goroutine-safe log sink for listener logs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-// records returns the JSON log records whose message contains msg.
-func (s *syncBuffer) records(t *testing.T, msg string) []map[string]any {
+// logRecords returns the JSON log records in logs whose message contains msg.
+func logRecords(t *testing.T, logs *syncbuf.Buffer, msg string) []map[string]any {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(s.b.Bytes()))
+	sc := bufio.NewScanner(bytes.NewReader(logs.Bytes()))
 	for sc.Scan() {
 		var rec map[string]any
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
@@ -69,7 +55,7 @@ func (s *teeSink) eventIDs() []uint64 {
 }
 
 func TestGapWithoutReplayIsLoggedWithItsRange(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	pub := kt.New(t, kt.Options{})
 	m := newManager(t, kvevents.ManagerConfig{Logger: zerolog.New(&logs)})
 	ix := kvindex.New(kvindex.Config{BlockSize: testBS})
@@ -79,7 +65,7 @@ func TestGapWithoutReplayIsLoggedWithItsRange(t *testing.T) {
 	pub.PublishSeq(4, storeChain(2, 0, 1))
 	waitNextSeq(t, m, w1, 0, 5)
 
-	recs := logs.records(t, "KV event batches lost")
+	recs := logRecords(t, &logs, "KV event batches lost")
 	if len(recs) != 1 {
 		t.Fatalf("%d lost-range warnings, want 1", len(recs))
 	}

@@ -1,7 +1,6 @@
 package discovery
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/kvepp/kvepp/internal/syncbuf"
 	"github.com/kvepp/kvepp/picker"
 	"github.com/rs/zerolog"
 )
@@ -169,30 +169,13 @@ type harness struct {
 	path string
 	cat  *fakeCatalog
 	src  *FileSource
-	logs *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs *syncbuf.Buffer
 }
 
 func newHarness(t *testing.T, initial string) *harness {
 	t.Helper()
 	dir := t.TempDir()
-	h := &harness{t: t, path: filepath.Join(dir, "workers.yaml"), cat: newFakeCatalog(), logs: &syncBuffer{}}
+	h := &harness{t: t, path: filepath.Join(dir, "workers.yaml"), cat: newFakeCatalog(), logs: &syncbuf.Buffer{}}
 	h.write(initial)
 	src, err := NewFileSource(FileConfig{
 		Path:          h.path,

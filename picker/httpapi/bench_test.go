@@ -15,6 +15,7 @@ import (
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/picker"
 	"github.com/kvepp/kvepp/picker/httpapi"
+	"github.com/kvepp/kvepp/picker/pickertest"
 )
 
 // BenchmarkHTTPSelectAndReservePaced measures POST /select_and_reserve over a real loopback HTTP
@@ -28,7 +29,7 @@ import (
 //	go test -run '^$' -bench HTTPSelectAndReservePaced -benchtime 10000x ./picker/httpapi/
 func BenchmarkHTTPSelectAndReservePaced(b *testing.B) {
 	const rate = 2000
-	src := newFakeSource()
+	src := pickertest.NewEventSource()
 	cfg := picker.DefaultConfig()
 	cfg.EventSource = src
 	cfg.RandSource = func() rand.Source { return rand.NewPCG(1, 2) }
@@ -59,7 +60,7 @@ func BenchmarkHTTPSelectAndReservePaced(b *testing.B) {
 			b.Fatalf("register: %d %s", st, out)
 		}
 		if id <= 16 {
-			src.store(b, uint64(id), 0, kvindex.TierDevice, nil, hs[:2*id]...)
+			src.Store(b, uint64(id), 0, kvindex.TierDevice, nil, hs[:2*id]...)
 		}
 	}
 	bodyHead := []byte(`{"model_name":"model",` + tokJSON(512) + `,"selection_id":"`)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
 
 // Conformance suite, selection-service.md §20 "Indexing, hints and policy inputs" (items 29-33).
@@ -108,7 +109,7 @@ func TestAcceptance31BookingsAttachKVHints(t *testing.T) {
 		1: `,"router_hint_worker_type":"decode"`,
 		2: `,"router_hint_worker_type":"decode","router_hint_source_control_endpoints":{"0":"tcp://worker-2:5600"}`,
 	})
-	e.ev.store(t, 2, 0, kvindex.TierDevice, nil, h...)
+	e.ev.Store(t, 2, 0, kvindex.TierDevice, nil, h...)
 	t.Run("a same-type worker holding a longer prefix is the source", func(t *testing.T) {
 		wantHint(t, bookHint(t, e, "hint-1"), "hint-1", "tcp://worker-2:5600", h[0]+1, h[1]+1)
 		// Unsigned decimal on the wire (external ids are u64).
@@ -151,31 +152,31 @@ func TestAcceptance32HintSourceRules(t *testing.T) {
 	src := func(eps string) string { return decode + `,"router_hint_source_control_endpoints":` + eps }
 	t.Run("a state_agent_v2 worker is never a source", func(t *testing.T) {
 		e := hintEnv(t, map[int]string{1: decode, 2: src(`{"0":"tcp://w2:5600"}`) + `,"kv_event_source_mode":"state_agent_v2"`})
-		e.ev.store(t, 2, 0, kvindex.TierDevice, nil, h...)
+		e.ev.Store(t, 2, 0, kvindex.TierDevice, nil, h...)
 		if got := bookHint(t, e, "s"); got != nil {
 			t.Fatalf("hint from a state agent: %v", got)
 		}
 	})
 	t.Run("a state_agent_v2 worker can receive hints", func(t *testing.T) {
 		e := hintEnv(t, map[int]string{1: decode + `,"kv_event_source_mode":"state_agent_v2"`, 2: src(`{"0":"tcp://w2:5600"}`)})
-		e.ev.store(t, 2, 0, kvindex.TierDevice, nil, h...)
+		e.ev.Store(t, 2, 0, kvindex.TierDevice, nil, h...)
 		wantHint(t, bookHint(t, e, "s"), "s", "tcp://w2:5600", h[0]+1, h[1]+1)
 	})
 	t.Run("both workers must be hint-capable", func(t *testing.T) {
 		e := hintEnv(t, map[int]string{1: "", 2: src(`{"0":"tcp://w2:5600"}`)})
-		e.ev.store(t, 2, 0, kvindex.TierDevice, nil, h...)
+		e.ev.Store(t, 2, 0, kvindex.TierDevice, nil, h...)
 		if got := bookHint(t, e, "s"); got != nil {
 			t.Fatalf("hint to a worker without router_hint_worker_type: %v", got)
 		}
 		e2 := hintEnv(t, map[int]string{1: decode, 2: `,"router_hint_source_control_endpoints":{"0":"tcp://w2:5600"}`})
-		e2.ev.store(t, 2, 0, kvindex.TierDevice, nil, h...)
+		e2.ev.Store(t, 2, 0, kvindex.TierDevice, nil, h...)
 		if got := bookHint(t, e2, "s"); got != nil {
 			t.Fatalf("hint from a worker without router_hint_worker_type: %v", got)
 		}
 	})
 	t.Run("capability follows catalog membership", func(t *testing.T) {
 		e := hintEnv(t, map[int]string{1: decode, 2: src(`{"0":"tcp://w2:5600"}`)})
-		e.ev.store(t, 2, 0, kvindex.TierDevice, nil, h...)
+		e.ev.Store(t, 2, 0, kvindex.TierDevice, nil, h...)
 		wantHint(t, bookHint(t, e, "a"), "a", "tcp://w2:5600", h[0]+1, h[1]+1)
 		e.ok(200, "PATCH", "/workers/1", `{"router_hint_worker_type":""}`)
 		if got := bookHint(t, e, "b"); got != nil {
@@ -190,20 +191,20 @@ func TestAcceptance32HintSourceRules(t *testing.T) {
 	})
 	t.Run("the source endpoint matches the source rank", func(t *testing.T) {
 		e := hintEnv(t, map[int]string{1: decode, 2: src(`{"0":"tcp://w2:5600","1":"tcp://w2:5601"}`) + `,"data_parallel_size":2`})
-		e.ev.store(t, 2, 0, kvindex.TierDevice, nil, h[0])
-		e.ev.store(t, 2, 1, kvindex.TierDevice, nil, h...)
+		e.ev.Store(t, 2, 0, kvindex.TierDevice, nil, h[0])
+		e.ev.Store(t, 2, 1, kvindex.TierDevice, nil, h...)
 		wantHint(t, bookHint(t, e, "r"), "r", "tcp://w2:5601", h[0]+1, h[1]+1)
 	})
 	t.Run("a source without an endpoint for its longest rank is skipped", func(t *testing.T) {
 		e := hintEnv(t, map[int]string{1: decode, 2: src(`{"0":"tcp://w2:5600"}`) + `,"data_parallel_size":2`})
-		e.ev.store(t, 2, 1, kvindex.TierDevice, nil, h...)
+		e.ev.Store(t, 2, 1, kvindex.TierDevice, nil, h...)
 		if got := bookHint(t, e, "r"); got != nil {
 			t.Fatalf("hint without an endpoint for rank 1: %v", got)
 		}
 	})
 	t.Run("the source must share the target's worker type", func(t *testing.T) {
 		e := hintEnv(t, map[int]string{1: decode, 2: `,"router_hint_worker_type":"prefill","router_hint_source_control_endpoints":{"0":"tcp://w2:5600"}`})
-		e.ev.store(t, 2, 0, kvindex.TierDevice, nil, h...)
+		e.ev.Store(t, 2, 0, kvindex.TierDevice, nil, h...)
 		if got := bookHint(t, e, "t"); got != nil {
 			t.Fatalf("hint across worker types: %v", got)
 		}
@@ -214,21 +215,21 @@ func TestAcceptance32HintSourceRules(t *testing.T) {
 			2: src(`{"0":"tcp://w2:5600"}`),
 			3: src(`{"0":"tcp://w3:5600"}`) + `,"kv_event_source_mode":"state_agent_v2"`,
 		})
-		e.ev.store(t, 2, 0, kvindex.TierDevice, nil, h[0])
-		e.ev.store(t, 3, 0, kvindex.TierDevice, nil, h...)
+		e.ev.Store(t, 2, 0, kvindex.TierDevice, nil, h[0])
+		e.ev.Store(t, 3, 0, kvindex.TierDevice, nil, h...)
 		wantHint(t, bookHint(t, e, "p"), "p", "tcp://w2:5600", h[0]+1)
 	})
 	t.Run("ties go to the longest match, then the lowest worker", func(t *testing.T) {
 		e := hintEnv(t, map[int]string{1: decode, 2: src(`{"0":"tcp://w2:5600"}`), 3: src(`{"0":"tcp://w3:5600"}`), 4: src(`{"0":"tcp://w4:5600"}`)})
-		e.ev.store(t, 2, 0, kvindex.TierDevice, nil, h[0])
-		e.ev.store(t, 3, 0, kvindex.TierDevice, nil, h...)
-		e.ev.store(t, 4, 0, kvindex.TierDevice, nil, h...)
+		e.ev.Store(t, 2, 0, kvindex.TierDevice, nil, h[0])
+		e.ev.Store(t, 3, 0, kvindex.TierDevice, nil, h...)
+		e.ev.Store(t, 4, 0, kvindex.TierDevice, nil, h...)
 		wantHint(t, bookHint(t, e, "tie"), "tie", "tcp://w3:5600", h[0]+1, h[1]+1)
 	})
 	t.Run("a source must hold strictly more than the chosen candidate", func(t *testing.T) {
 		e := hintEnv(t, map[int]string{1: decode, 2: src(`{"0":"tcp://w2:5600"}`)})
-		e.ev.store(t, 1, 0, kvindex.TierDevice, nil, h...)
-		e.ev.store(t, 2, 0, kvindex.TierDevice, nil, h...)
+		e.ev.Store(t, 1, 0, kvindex.TierDevice, nil, h...)
+		e.ev.Store(t, 2, 0, kvindex.TierDevice, nil, h...)
 		if got := bookHint(t, e, "eq"); got != nil {
 			t.Fatalf("hint from an equal holder: %v", got)
 		}
@@ -242,7 +243,7 @@ type sessionRecorder struct {
 }
 
 func (r *sessionRecorder) factory() policies.PolicyFactory {
-	rec := funcScorer{score: func(ctx *policies.WorkerSelectionContext, _ *policies.WorkerCandidate) (float64, error) {
+	rec := policytest.Scorer{Fn: func(ctx *policies.WorkerSelectionContext, _ *policies.WorkerCandidate) (float64, error) {
 		s := "<nil>"
 		if sc := ctx.SessionContext(); sc != nil {
 			var hs []string

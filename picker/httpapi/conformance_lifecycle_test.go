@@ -14,6 +14,7 @@ import (
 	"github.com/kvepp/kvepp/picker"
 	"github.com/kvepp/kvepp/policies"
 	"github.com/kvepp/kvepp/policies/defaultcost"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
 
 // Conformance suite, selection-service.md §20 "Lifecycle, catalog and booking safety" (items
@@ -77,13 +78,13 @@ func TestAcceptance36ReplacingTheLastWorkerKeepsTheIndexWorking(t *testing.T) {
 	e := newEnv(t, kvEvents)
 	h := local(4, 4)
 	e.worker(1, `,"kv_events_endpoint":"tcp://w1:1"`)
-	e.ev.store(t, 1, 0, kvindex.TierDevice, nil, h...)
+	e.ev.Store(t, 1, 0, kvindex.TierDevice, nil, h...)
 	e.ok(200, "DELETE", "/workers/1", "")
 	e.worker(2, `,"kv_events_endpoint":"tcp://w2:1"`)
 	if got := longest(t, e.ok(200, "POST", "/select", `{"model_name":"model",`+prompt+`}`)); got != 0.0 {
 		t.Fatalf("departed worker's rows still match: %v", got)
 	}
-	e.ev.store(t, 2, 0, kvindex.TierDevice, nil, h...)
+	e.ev.Store(t, 2, 0, kvindex.TierDevice, nil, h...)
 	v := obj(t, e.ok(200, "POST", "/select", `{"model_name":"model",`+prompt+`}`))
 	if v["worker_id"] != 2.0 || longest(t, v) != 4.0 {
 		t.Fatalf("replacement's events not visible: %v", v)
@@ -105,21 +106,21 @@ func TestAcceptance38ReUpsertRecreatesALostListener(t *testing.T) {
 	e := newEnv(t, kvEvents)
 	rec := `,"kv_events_endpoint":"tcp://w1:1"`
 	e.worker(1, rec)
-	e.ev.lose(1)
-	if e.ev.attached(1) {
+	e.ev.DetachWorker(1) // the listener is lost behind the catalog's back
+	if e.attached(1) {
 		t.Fatal("listener not lost")
 	}
 	e.worker(1, rec) // identical record
-	if !e.ev.attached(1) {
+	if !e.attached(1) {
 		t.Fatal("re-upsert did not recreate the listener")
 	}
 	t.Run("after an attach failure", func(t *testing.T) {
-		e.ev.fail = func(picker.WorkerEventSpec) error { return fmt.Errorf("listener start failed") }
+		e.ev.FailAttach(func(picker.WorkerEventSpec) error { return fmt.Errorf("listener start failed") })
 		if w := e.worker(1, rec); w["lifecycle"] != "incomplete" {
 			t.Fatalf("failed attach = %v", w)
 		}
-		e.ev.fail = nil
-		if w := e.worker(1, rec); w["lifecycle"] != "schedulable" || !e.ev.attached(1) {
+		e.ev.FailAttach(nil)
+		if w := e.worker(1, rec); w["lifecycle"] != "schedulable" || !e.attached(1) {
 			t.Fatalf("re-upsert = %v", w)
 		}
 	})
@@ -141,7 +142,7 @@ func TestAcceptance39UpsertMovesAWorkerBetweenGroups(t *testing.T) {
 func TestAcceptance40MetadataUpdatesKeepIndexRows(t *testing.T) {
 	e := newEnv(t, kvEvents)
 	e.worker(1, `,"kv_events_endpoint":"tcp://w1:1"`)
-	e.ev.store(t, 1, 0, kvindex.TierDevice, nil, local(4, 4)...)
+	e.ev.Store(t, 1, 0, kvindex.TierDevice, nil, local(4, 4)...)
 	sel := `{"model_name":"model",` + prompt + `}`
 	e.ok(200, "PATCH", "/workers/1", `{"total_kv_blocks":100,"taints":["gpu"],"max_num_batched_tokens":2048}`)
 	e.worker(1, `,"kv_events_endpoint":"tcp://w1:1","total_kv_blocks":7`)
@@ -326,7 +327,7 @@ func TestAcceptance44SelectionIDsAreProcessWide(t *testing.T) {
 
 func TestAcceptance45InFlightReservationsAreInvisibleToLifecycleCalls(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
-	block := funcScorer{score: func(ctx *policies.WorkerSelectionContext, _ *policies.WorkerCandidate) (float64, error) {
+	block := policytest.Scorer{Fn: func(ctx *policies.WorkerSelectionContext, _ *policies.WorkerCandidate) (float64, error) {
 		if n, ok := ctx.ExpectedOutputTokens(); ok && n == 777 {
 			entered <- struct{}{}
 			<-release

@@ -11,6 +11,7 @@ import (
 	"github.com/kvepp/kvepp/picker"
 	"github.com/kvepp/kvepp/policies"
 	"github.com/kvepp/kvepp/policies/defaultcost"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
 
 // Conformance suite, selection-service.md §20 items 56-68 (pending-selection cache, errors and
@@ -39,8 +40,8 @@ func TestAcceptance56PendingSelectionCache(t *testing.T) {
 
 func TestAcceptance57PolicyFilteredCandidatesAre503(t *testing.T) {
 	var scored sync.Map
-	reject := funcFilter{keep: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error) { return false, nil }}
-	score := funcScorer{in: policies.InputsCache | policies.InputsLoad, score: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
+	reject := policytest.Filter{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error) { return false, nil }}
+	score := policytest.Scorer{In: policies.InputsCache | policies.InputsLoad, Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
 		scored.Store(c.Worker().WorkerID, true)
 		return 0, nil
 	}}
@@ -113,7 +114,7 @@ func TestAcceptance63RequestOverridesChangeTheSelection(t *testing.T) {
 	e := newEnv(t, kvEvents)
 	e.worker(1, `,"kv_events_endpoint":"tcp://w1:1"`)
 	e.worker(2, `,"kv_events_endpoint":"tcp://w2:1"`)
-	e.ev.store(t, 1, 0, kvindex.TierDevice, nil, local(32, 4)...)
+	e.ev.Store(t, 1, 0, kvindex.TierDevice, nil, local(32, 4)...)
 	// Worker 1 holds the whole prompt but carries 100 prefill tokens: cost 33 - 8 + 8 = 33 vs 16.
 	e.ok(201, "POST", "/reservations", `{"selection_id":"bg","model_name":"model","worker_id":1,"sequence_hashes":[],"isl_tokens":100,"effective_prefill_tokens":100}`)
 	sel := func(override string) float64 {
@@ -195,7 +196,7 @@ func TestAcceptance66CustomPolicyInputs(t *testing.T) {
 	}
 	var mu sync.Mutex
 	got := map[uint64]seen{}
-	pk := funcPicker{in: policies.InputsCache, pick: func(ctx *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
+	pk := policytest.Picker{In: policies.InputsCache, Fn: func(ctx *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		for i, c := range v.Candidates() {
@@ -204,7 +205,7 @@ func TestAcceptance66CustomPolicyInputs(t *testing.T) {
 		}
 		return 0, nil
 	}}
-	dropThree := funcFilter{keep: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
+	dropThree := policytest.Filter{Fn: func(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
 		return c.Worker().WorkerID != 3, nil
 	}}
 	e := newEnv(t, kvEvents, func(c *picker.Config) {
@@ -218,10 +219,10 @@ func TestAcceptance66CustomPolicyInputs(t *testing.T) {
 		e.worker(id, f(`,"kv_events_endpoint":"tcp://w%d:1"`, id))
 	}
 	h := local(12, 4)
-	e.ev.store(t, 1, 0, kvindex.TierDevice, nil, h[:2]...)
+	e.ev.Store(t, 1, 0, kvindex.TierDevice, nil, h[:2]...)
 	parent := h[1] + 1
-	e.ev.store(t, 1, 0, kvindex.TierHostPinned, &parent, h[2])
-	e.ev.store(t, 2, 0, kvindex.TierDisk, nil, h[:1]...)
+	e.ev.Store(t, 1, 0, kvindex.TierHostPinned, &parent, h[2])
+	e.ev.Store(t, 2, 0, kvindex.TierDisk, nil, h[:1]...)
 	e.ok(201, "POST", "/reservations", `{"selection_id":"a","model_name":"model","worker_id":1,"sequence_hashes":[],"isl_tokens":200,"effective_prefill_tokens":200}`)
 	e.ok(201, "POST", "/reservations", `{"selection_id":"b","model_name":"model","worker_id":2,"sequence_hashes":[],"isl_tokens":300,"effective_prefill_tokens":300}`)
 	e.ok(200, "POST", "/select", `{"model_name":"model",`+tokJSON(12)+`}`)

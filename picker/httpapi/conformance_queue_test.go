@@ -16,6 +16,7 @@ import (
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/picker"
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
 
 // Conformance suite, selection-service.md §20 items about queueing (§13): 6, 10, 34 (queued
@@ -250,7 +251,7 @@ func TestAcceptance42QueuedBookingOnADrainedWorker(t *testing.T) {
 	)
 	// The picker takes worker 2; once armed it first starts DELETE /workers/2 and waits until the
 	// catalog shows the worker draining (the deletion then waits for this partition).
-	pick := funcPicker{pick: func(_ *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
+	pick := policytest.Picker{Fn: func(_ *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
 		row := 0
 		for i, c := range v.Candidates() {
 			if c.Worker().WorkerID == 2 {
@@ -318,7 +319,7 @@ func TestAcceptance48QueueRefresh(t *testing.T) {
 			e.occupy("o2", 2, 4)
 			waiting := e.async("POST", "/select_and_reserve", `{"selection_id":"q48","model_name":"model",`+tokJSON(8)+`}`, nil)
 			e.waitPending(1)
-			e.ev.store(t, 2, 0, kvindex.TierDevice, nil, local(8, 4)...)
+			e.ev.Store(t, 2, 0, kvindex.TierDevice, nil, local(8, 4)...)
 			e.clock.Advance(tc.wait)
 			e.ok(200, "DELETE", "/reservations/o2", "")
 			r := e.got(waiting)
@@ -373,7 +374,7 @@ func TestAcceptance67QueueOrdering(t *testing.T) {
 		e := queueEnv(t, kvEvents, threshold(0), func(c *picker.Config) { c.Router.QueuePolicy = "wspt" })
 		for id, blocks := range map[int]int{1: 60, 2: 1, 3: 64} {
 			e.worker(id, f(`,"block_size":16,"kv_events_endpoint":"tcp://w%d:1"`, id)+batched1024)
-			e.ev.store(t, uint64(id), 0, kvindex.TierDevice, nil, local(1024, 16)[:blocks]...)
+			e.ev.Store(t, uint64(id), 0, kvindex.TierDevice, nil, local(1024, 16)[:blocks]...)
 			e.occupy(f("o%d", id), id, 4)
 		}
 		reqs := map[string]string{

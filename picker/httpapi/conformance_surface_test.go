@@ -113,9 +113,9 @@ func TestAcceptance04OverlapScoresTiers(t *testing.T) {
 	e.worker(1, `,"kv_events_endpoint":"tcp://w1:5557"`)
 	e.worker(2, `,"kv_events_endpoint":"tcp://w2:5557"`)
 	h := local(12, 4)
-	e.ev.store(t, 1, 0, kvindex.TierDevice, nil, h[:2]...)
+	e.ev.Store(t, 1, 0, kvindex.TierDevice, nil, h[:2]...)
 	parent := h[1] + 1
-	e.ev.store(t, 1, 0, kvindex.TierHostPinned, &parent, h[2])
+	e.ev.Store(t, 1, 0, kvindex.TierHostPinned, &parent, h[2])
 	v := obj(t, e.ok(200, "POST", "/overlap_scores",
 		`{"model_name":"model",`+tokJSON(12)+`,"router_config_override":{"overlap_score_credit":0.5}}`))
 	want := map[string]any{

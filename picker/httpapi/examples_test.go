@@ -37,7 +37,7 @@ func TestReferenceWorkerRegistrationExamples(t *testing.T) {
 		if diff := cmp.Diff(want, v); diff != "" {
 			t.Fatalf("record (-want +got):\n%s", diff)
 		}
-		if !e.ev.attached(1) {
+		if !e.attached(1) {
 			t.Fatal("no listeners attached")
 		}
 	})
@@ -94,12 +94,12 @@ func referenceFixture(t *testing.T) *env {
 	})
 	e.ok(201, "POST", "/workers", `{"worker_id":1,"model_name":"model","endpoint":"http://worker:8000","block_size":16,
 		"data_parallel_size":2,"total_kv_blocks":4096,"kv_events_endpoints":{"0":"tcp://worker:5557","1":"tcp://worker:5558"}}`)
-	e.ev.store(t, 1, 0, kvindex.TierDevice, nil, 11, 12, 13, 14)
+	e.ev.Store(t, 1, 0, kvindex.TierDevice, nil, 11, 12, 13, 14)
 	p := uint64(15)
-	e.ev.store(t, 1, 0, kvindex.TierHostPinned, &p, 15, 16)
+	e.ev.Store(t, 1, 0, kvindex.TierHostPinned, &p, 15, 16)
 	p = 17
-	e.ev.store(t, 1, 0, kvindex.TierDisk, &p, 17, 18)
-	e.ev.store(t, 1, 1, kvindex.TierDevice, nil, 11, 12)
+	e.ev.Store(t, 1, 0, kvindex.TierDisk, &p, 17, 18)
+	e.ev.Store(t, 1, 1, kvindex.TierDevice, nil, 11, 12)
 	for rank, n := range map[int]int{0: 180, 1: 200} {
 		hs := make([]string, n)
 		for i := range hs {
@@ -200,9 +200,7 @@ func TestReferenceSelectionExamples(t *testing.T) {
 		e.worker(1, `,"kv_events_endpoint":"tcp://w1:1","router_hint_worker_type":"decode","router_hint_source_control_endpoints":{"0":"tcp://worker-1:5600"}`)
 		e.worker(2, `,"kv_events_endpoint":"tcp://w2:1","router_hint_worker_type":"decode"`)
 		h := local(8, 4)
-		e.ev.mu.Lock()
-		idx := e.ev.idx[1]
-		e.ev.mu.Unlock()
+		idx := e.ev.Index(1)
 		if err := idx.Apply(kvindex.Event{WorkerID: 1, Kind: kvindex.EventStored, Blocks: []kvindex.StoredBlock{
 			{BlockHash: 8713492873, TokensHash: h[0]}, {BlockHash: 1928374650, TokensHash: h[1]}}}); err != nil {
 			t.Fatal(err)
@@ -262,7 +260,7 @@ func TestInspectionRoutes(t *testing.T) {
 	e.worker(1, `,"kv_events_endpoint":"tcp://w1:1"`)
 	e.worker(2, `,"data_parallel_start_rank":4,"data_parallel_size":2,"kv_events_endpoints":{"4":"tcp://w2:1","5":"tcp://w2:2"}`)
 	h := local(12, 4)
-	e.ev.store(t, 1, 0, kvindex.TierDevice, nil, h[:2]...)
+	e.ev.Store(t, 1, 0, kvindex.TierDevice, nil, h[:2]...)
 	// A live booking on worker 1 holding the prompt's first block (tracked sequence hash).
 	seq := kvindex.SequenceHashes(h)
 	e.ok(201, "POST", "/reservations", f(`{"selection_id":"bg","model_name":"model","worker_id":1,"sequence_hashes":[%d],"isl_tokens":4,"effective_prefill_tokens":3}`, int64(seq[0])))
@@ -295,13 +293,13 @@ func TestInspectionRoutes(t *testing.T) {
 		s := newEnv(t, kvEvents, func(c *picker.Config) { c.Router.HostCacheHitWeight, c.Router.DiskCacheHitWeight = 0.5, 0.25 })
 		s.worker(1, `,"block_size":16,"kv_events_endpoint":"tcp://w1:1"`)
 		hs := local(224, 16) // 14 blocks: device 2, host 3, disk 4, external 5
-		s.ev.store(t, 1, 0, kvindex.TierDevice, nil, hs[:2]...)
+		s.ev.Store(t, 1, 0, kvindex.TierDevice, nil, hs[:2]...)
 		for _, seg := range []struct {
 			tier     kvindex.Tier
 			from, to int
 		}{{kvindex.TierHostPinned, 2, 5}, {kvindex.TierDisk, 5, 9}, {kvindex.TierExternal, 9, 14}} {
 			p := hs[seg.from-1] + 1
-			s.ev.store(t, 1, 0, seg.tier, &p, hs[seg.from:seg.to]...)
+			s.ev.Store(t, 1, 0, seg.tier, &p, hs[seg.from:seg.to]...)
 		}
 		v := obj(t, s.ok(200, "POST", "/select", `{"model_name":"model",`+tokJSON(224)+`}`))
 		// weighted 2 + 0.5×3 + 0.25×(4+5) = 5.75 blocks → 92 tokens; 224 − 92 = 132.

@@ -3,150 +3,47 @@ package httpapi_test
 import (
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/picker"
 	"github.com/kvepp/kvepp/picker/httpapi"
+	"github.com/kvepp/kvepp/picker/pickertest"
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
 
 // The conformance harness: a real picker.Service (real kvindex, ledger and policies) behind the
-// real HTTP handler on a loopback listener. KV events are off unless a test installs fakeSource,
-// which records the partition index each worker is attached to so the test can inject KV events
-// straight into it.
+// real HTTP handler on a loopback listener. KV events are off unless a test installs a
+// pickertest.EventSource (kvEvents), which records the partition index each worker is attached
+// to so the test can inject KV events straight into it.
 
 // testTime0 is the fake clock's start.
 var testTime0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
-
-// fakeClock is a settable clock for expiry and TTL tests.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	return c.now
-}
-
-// fakeSource is a picker.KVEventSource that behaves like kvevents.Manager towards the index (a
-// re-attach clears ranks whose endpoint changed or that left the range) without sockets.
-type fakeSource struct {
-	mu    sync.Mutex
-	specs map[uint64]picker.WorkerEventSpec
-	idx   map[uint64]*kvindex.Index
-	fail  func(picker.WorkerEventSpec) error
-}
-
-func newFakeSource() *fakeSource {
-	return &fakeSource{specs: map[uint64]picker.WorkerEventSpec{}, idx: map[uint64]*kvindex.Index{}}
-}
-
-func (f *fakeSource) AttachWorker(spec picker.WorkerEventSpec, idx *kvindex.Index) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.fail != nil {
-		if err := f.fail(spec); err != nil {
-			return err
-		}
-	}
-	if old, ok := f.specs[spec.WorkerID]; ok {
-		oldIdx := f.idx[spec.WorkerID]
-		for r := old.DPStartRank; r-old.DPStartRank < old.DPSize; r++ {
-			inRange := r >= spec.DPStartRank && r-spec.DPStartRank < spec.DPSize
-			if !inRange || old.Endpoints[r] != spec.Endpoints[r] || oldIdx != idx || old.BlockSize != spec.BlockSize {
-				_ = oldIdx.Apply(kvindex.Event{WorkerID: spec.WorkerID, DPRank: r, Kind: kvindex.EventCleared})
-			}
-		}
-	}
-	f.specs[spec.WorkerID] = spec
-	f.idx[spec.WorkerID] = idx
-	return nil
-}
-
-func (f *fakeSource) DetachWorker(id uint64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.specs, id)
-	delete(f.idx, id)
-}
-
-// lose forgets worker id's listener behind the catalog's back (a listener lost to a failed or
-// cancelled update).
-func (f *fakeSource) lose(id uint64) { f.DetachWorker(id) }
-
-func (f *fakeSource) attached(id uint64) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	_, ok := f.specs[id]
-	return ok
-}
-
-// store injects a Stored event of local hashes (external ids = local + 1) into the index worker
-// id is attached to; parent, when non-nil, is the parent's external hash.
-func (f *fakeSource) store(t testing.TB, id uint64, rank uint32, tier kvindex.Tier, parent *uint64, local ...uint64) {
-	t.Helper()
-	f.mu.Lock()
-	idx := f.idx[id]
-	f.mu.Unlock()
-	if idx == nil {
-		t.Fatalf("worker %d is not attached", id)
-	}
-	ev := kvindex.Event{WorkerID: id, DPRank: rank, Tier: tier, Kind: kvindex.EventStored}
-	if parent != nil {
-		ev.HasParent, ev.ParentHash = true, *parent
-	}
-	for _, h := range local {
-		ev.Blocks = append(ev.Blocks, kvindex.StoredBlock{BlockHash: h + 1, TokensHash: h})
-	}
-	if err := idx.Apply(ev); err != nil {
-		t.Fatalf("inject stored event: %v", err)
-	}
-}
 
 // env is one conformance fixture.
 type env struct {
 	t     *testing.T
 	srv   *httptest.Server
 	core  *picker.Service
-	ev    *fakeSource
-	clock *fakeClock
+	ev    *pickertest.EventSource
+	clock *pickertest.Clock
 }
 
 // newEnv serves a fresh core: KV events off, deterministic randomness, a fake clock.
 func newEnv(t *testing.T, mods ...func(*picker.Config)) *env {
 	t.Helper()
-	e := &env{t: t, clock: &fakeClock{now: testTime0}}
-	cfg := picker.DefaultConfig()
-	cfg.Router.UseKVEvents = false
+	e := &env{t: t, clock: pickertest.NewClock(testTime0)}
+	cfg := pickertest.Config(11, 3)
 	cfg.Now = e.clock.Now
-	var seedMu sync.Mutex
-	seed := uint64(11)
-	cfg.RandSource = func() rand.Source {
-		seedMu.Lock()
-		defer seedMu.Unlock()
-		seed++
-		return rand.NewPCG(seed, 3)
-	}
 	for _, m := range mods {
 		m(&cfg)
 	}
-	if src, ok := cfg.EventSource.(*fakeSource); ok && cfg.Router.UseKVEvents {
+	if src, ok := cfg.EventSource.(*pickertest.EventSource); ok && cfg.Router.UseKVEvents {
 		e.ev = src
 	}
 	core, err := picker.New(cfg)
@@ -159,10 +56,16 @@ func newEnv(t *testing.T, mods ...func(*picker.Config)) *env {
 	return e
 }
 
-// kvEvents turns KV events on with a fresh fakeSource.
+// kvEvents turns KV events on with a fresh pickertest.EventSource.
 func kvEvents(c *picker.Config) {
 	c.Router.UseKVEvents = true
-	c.EventSource = newFakeSource()
+	c.EventSource = pickertest.NewEventSource()
+}
+
+// attached reports whether worker id has a KV-event listener.
+func (e *env) attached(id uint64) bool {
+	_, ok := e.ev.Attached(id)
+	return ok
 }
 
 func affinityTTL(d time.Duration) func(*picker.Config) {
@@ -305,41 +208,10 @@ func set(ks ...string) map[string]bool {
 	return out
 }
 
-// funcScorer / funcPicker / funcFilter build custom policies from closures.
-type funcScorer struct {
-	in    policies.WorkerInputs
-	score func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (float64, error)
-}
-
-func (s funcScorer) RequiredWorkerInputs() policies.WorkerInputs { return s.in }
-func (s funcScorer) Score(ctx *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
-	return s.score(ctx, c)
-}
-
-type funcPicker struct {
-	in   policies.WorkerInputs
-	pick func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error)
-}
-
-func (p funcPicker) RequiredWorkerInputs() policies.WorkerInputs { return p.in }
-func (p funcPicker) Pick(ctx *policies.WorkerSelectionContext, v *policies.WorkerInputView) (int, error) {
-	return p.pick(ctx, v)
-}
-
-type funcFilter struct {
-	in   policies.WorkerInputs
-	keep func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (bool, error)
-}
-
-func (f funcFilter) RequiredWorkerInputs() policies.WorkerInputs { return f.in }
-func (f funcFilter) Keep(ctx *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (bool, error) {
-	return f.keep(ctx, c)
-}
-
 // firstRow picks row 0.
-var firstRow = funcPicker{pick: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) { return 0, nil }}
+var firstRow = policytest.Picker{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerInputView) (int, error) { return 0, nil }}
 
 // zeroScore scores every candidate 0.
-var zeroScore = funcScorer{score: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (float64, error) { return 0, nil }}
+var zeroScore = policytest.Scorer{Fn: func(*policies.WorkerSelectionContext, *policies.WorkerCandidate) (float64, error) { return 0, nil }}
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -251,6 +251,16 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	writeJSON(w, st, body)
 }
 
+// reply answers a core call: the error through fail when err is non-nil, else v as JSON with
+// status.
+func (h *Handler) reply(w http.ResponseWriter, r *http.Request, status int, v any, err error) {
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, status, v)
+}
+
 // decodeBody enforces the §2 body conventions and decodes the JSON body into v. It writes the
 // error response itself and returns false on failure: 415 without Content-Type application/json,
 // 413 over the limit, 400 malformed JSON, 422 valid JSON of the wrong shape. allowEmpty makes an
@@ -342,11 +352,7 @@ func (h *Handler) upsertWorker(w http.ResponseWriter, r *http.Request) {
 	rec := b.WorkerRecord
 	rec.WorkerID = *b.WorkerID
 	st, err := h.core.UpsertWorker(r.Context(), rec, picker.SourceAPI)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, st)
+	h.reply(w, r, http.StatusCreated, st, err)
 }
 
 func (h *Handler) listWorkers(w http.ResponseWriter, r *http.Request) {
@@ -377,11 +383,7 @@ func (h *Handler) patchWorker(w http.ResponseWriter, r *http.Request, idStr stri
 		return
 	}
 	st, err := h.core.PatchWorker(r.Context(), id, p)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, st)
+	h.reply(w, r, http.StatusOK, st, err)
 }
 
 func (h *Handler) deleteWorker(w http.ResponseWriter, r *http.Request, idStr string) {
@@ -390,25 +392,31 @@ func (h *Handler) deleteWorker(w http.ResponseWriter, r *http.Request, idStr str
 		return
 	}
 	st, err := h.core.DeleteWorker(r.Context(), id)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, st)
+	h.reply(w, r, http.StatusOK, st, err)
 }
 
-// decodeSelect decodes a selection body into a core request (writing the error on failure).
-func (h *Handler) decodeSelect(w http.ResponseWriter, r *http.Request) (picker.SelectRequest, bool) {
-	var b selectBody
+// decodeRequest decodes the JSON body into a B (decodeBody, a body required) and converts it
+// into a core request with convert; a conversion error is a 422 with its message. It writes the
+// error response itself and returns false on failure.
+func decodeRequest[B, R any](h *Handler, w http.ResponseWriter, r *http.Request, convert func(*B) (R, error)) (R, bool) {
+	var b B
 	if !h.decodeBody(w, r, &b, false) {
-		return picker.SelectRequest{}, false
+		var zero R
+		return zero, false
 	}
-	req, err := b.request(strings.TrimSpace(r.Header.Get(PolicyClassHeader)))
+	req, err := convert(&b)
 	if err != nil {
 		writeError(w, http.StatusUnprocessableEntity, err.Error())
 		return req, false
 	}
 	return req, true
+}
+
+// decodeSelect decodes a selection body into a core request (writing the error on failure).
+func (h *Handler) decodeSelect(w http.ResponseWriter, r *http.Request) (picker.SelectRequest, bool) {
+	return decodeRequest(h, w, r, func(b *selectBody) (picker.SelectRequest, error) {
+		return b.request(strings.TrimSpace(r.Header.Get(PolicyClassHeader)))
+	})
 }
 
 func (h *Handler) selectOnly(w http.ResponseWriter, r *http.Request) {
@@ -461,11 +469,7 @@ func (h *Handler) prefillComplete(w http.ResponseWriter, r *http.Request, id str
 	if h.shuttingDown(w) {
 		return
 	}
-	if err := h.core.PrefillComplete(r.Context(), id); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, okBody)
+	h.reply(w, r, http.StatusOK, okBody, h.core.PrefillComplete(r.Context(), id))
 }
 
 func (h *Handler) outputBlock(w http.ResponseWriter, r *http.Request, id string) {
@@ -476,54 +480,34 @@ func (h *Handler) outputBlock(w http.ResponseWriter, r *http.Request, id string)
 	if !h.decodeBody(w, r, &b, true) {
 		return
 	}
-	if err := h.core.OutputBlock(r.Context(), id, b.DecayFraction); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, okBody)
+	h.reply(w, r, http.StatusOK, okBody, h.core.OutputBlock(r.Context(), id, b.DecayFraction))
 }
 
 func (h *Handler) free(w http.ResponseWriter, r *http.Request, id string) {
 	if h.shuttingDown(w) {
 		return
 	}
-	if err := h.core.Free(r.Context(), id); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, okBody)
+	h.reply(w, r, http.StatusOK, okBody, h.core.Free(r.Context(), id))
 }
 
 func (h *Handler) reserve(w http.ResponseWriter, r *http.Request) {
-	var b reservationBody
-	if !h.decodeBody(w, r, &b, false) {
-		return
-	}
-	req, err := b.request()
-	if err != nil {
-		writeError(w, http.StatusUnprocessableEntity, err.Error())
+	req, ok := decodeRequest(h, w, r, (*reservationBody).request)
+	if !ok {
 		return
 	}
 	res, err := h.core.Reserve(r.Context(), req)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, res)
+	h.reply(w, r, http.StatusCreated, res, err)
 }
 
 // decodeInspect decodes a /potential_loads or /overlap_scores body (writing the error on failure).
 func (h *Handler) decodeInspect(w http.ResponseWriter, r *http.Request) (picker.InspectRequest, bool) {
-	var b inspectBody
-	if !h.decodeBody(w, r, &b, false) {
-		return picker.InspectRequest{}, false
-	}
-	pr, err := b.prompt()
-	if err != nil {
-		writeError(w, http.StatusUnprocessableEntity, err.Error())
-		return picker.InspectRequest{}, false
-	}
-	return picker.InspectRequest{ModelName: b.ModelName, RoutingGroup: b.RoutingGroup, Prompt: pr, Override: b.RouterConfigOverride}, true
+	return decodeRequest(h, w, r, func(b *inspectBody) (picker.InspectRequest, error) {
+		pr, err := b.prompt()
+		if err != nil {
+			return picker.InspectRequest{}, err
+		}
+		return picker.InspectRequest{ModelName: b.ModelName, RoutingGroup: b.RoutingGroup, Prompt: pr, Override: b.RouterConfigOverride}, nil
+	})
 }
 
 func (h *Handler) potentialLoads(w http.ResponseWriter, r *http.Request) {
@@ -548,11 +532,7 @@ func (h *Handler) overlapScores(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := h.core.OverlapScores(req)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
+	h.reply(w, r, http.StatusOK, res, err)
 }
 
 func (h *Handler) dump(w http.ResponseWriter, _ *http.Request) {
@@ -624,11 +604,7 @@ func (h *Handler) deregisterPeer(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, errReplicaDisabled)
 		return
 	}
-	if err := h.replica.DeregisterPeer(ep); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, okBody)
+	h.reply(w, r, http.StatusOK, okBody, h.replica.DeregisterPeer(ep))
 }
 
 // ValidateReplicaEndpoint checks a replica-sync peer endpoint (selection-service.md §15.5):

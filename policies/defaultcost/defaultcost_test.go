@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvepp/kvepp/policies"
 	"github.com/kvepp/kvepp/policies/defaultcost"
+	"github.com/kvepp/kvepp/policies/policytest"
 )
 
 func defaults() defaultcost.Params {
@@ -253,46 +254,9 @@ func TestPickMin(t *testing.T) {
 
 // --- through the policy interfaces --------------------------------------------------------------
 
-type cand struct {
-	w       policies.Worker
-	device  int
-	host    int
-	prefill int
-	decode  int
-	reqs    int
-	mult    float64
-	hasMult bool
-}
-
-type source []cand
-
-func (s source) Cache(i int) policies.CacheInputs {
-	return policies.NewCacheInputs(s[i].device, s[i].host, 0, 0)
-}
-func (s source) Load(i int) policies.LoadInputs {
-	return policies.NewLoadInputs(s[i].prefill, s[i].decode, s[i].reqs)
-}
-func (s source) Routing(i int) policies.RoutingInputs {
-	return policies.NewRoutingInputs(s[i].mult, s[i].hasMult)
-}
-
-func (s source) workers() []policies.Worker {
-	ws := make([]policies.Worker, len(s))
-	for i, c := range s {
-		ws[i] = c.w
-	}
-	return ws
-}
-
-func shuffle(s source, r *rand.Rand) source {
-	out := append(source(nil), s...)
-	r.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
-	return out
-}
-
-var worked = source{
-	{w: policies.Worker{WorkerID: 1}, device: 8, host: 4, prefill: 1024, decode: 132},
-	{w: policies.Worker{WorkerID: 2}, decode: 82},
+var worked = policytest.Source{
+	{Worker: policies.Worker{WorkerID: 1}, Device: 8, Host: 4, Prefill: 1024, DecodeCost: 132},
+	{Worker: policies.Worker{WorkerID: 2}, DecodeCost: 82},
 }
 
 func ctxWith(r *rand.Rand, mod func(*policies.ContextParams)) *policies.WorkerSelectionContext {
@@ -319,8 +283,8 @@ func TestBuiltinPolicy(t *testing.T) {
 			t.Fatal(err)
 		}
 		for trial := 0; trial < 10; trial++ {
-			s := shuffle(worked, r)
-			res, err := p.Select(ctxWith(r, nil), s.workers(), s)
+			s := worked.Shuffled(r)
+			res, err := p.Select(ctxWith(r, nil), s.Workers(), s)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -334,7 +298,7 @@ func TestBuiltinPolicy(t *testing.T) {
 		cfg := policies.DefaultRouterConfig()
 		cfg.OverlapScoreCreditDecay = 1
 		p, _ := defaultcost.Builtin()(cfg, "select", policies.PartitionID{})
-		res, err := p.Select(ctxWith(r, nil), worked.workers(), worked)
+		res, err := p.Select(ctxWith(r, nil), worked.Workers(), worked)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -347,7 +311,7 @@ func TestBuiltinPolicy(t *testing.T) {
 	})
 	t.Run("the minimum active prefill is not computed when decay is disabled", func(t *testing.T) {
 		p, _ := defaultcost.Builtin()(policies.DefaultRouterConfig(), "select", policies.PartitionID{})
-		if _, err := p.Select(ctxWith(r, nil), worked.workers(), worked); err != nil {
+		if _, err := p.Select(ctxWith(r, nil), worked.Workers(), worked); err != nil {
 			t.Fatal(err)
 		}
 		if p.Stats().MinActivePrefillComputations != 0 {
@@ -357,17 +321,17 @@ func TestBuiltinPolicy(t *testing.T) {
 	t.Run("the minimum active prefill is recomputed over filter survivors", func(t *testing.T) {
 		cfg := policies.DefaultRouterConfig()
 		cfg.OverlapScoreCreditDecay = 1
-		s := source{
-			{w: policies.Worker{WorkerID: 1}, prefill: 0, decode: 500}, // the global minimum, filtered out
-			{w: policies.Worker{WorkerID: 2}, device: 8, host: 4, prefill: 512, decode: 132},
-			{w: policies.Worker{WorkerID: 3}, prefill: 1024, decode: 82},
+		s := policytest.Source{
+			{Worker: policies.Worker{WorkerID: 1}, Prefill: 0, DecodeCost: 500}, // the global minimum, filtered out
+			{Worker: policies.Worker{WorkerID: 2}, Device: 8, Host: 4, Prefill: 512, DecodeCost: 132},
+			{Worker: policies.Worker{WorkerID: 3}, Prefill: 1024, DecodeCost: 82},
 		}
 		sc := defaultcost.NewScorer(defaultcost.ParamsFromConfig(cfg))
 		p, err := policies.NewPolicyWithFilters(cfg, "select", []policies.WorkerFilter{dropWorker(1)}, []policies.WorkerScorer{sc}, defaultcost.NewPicker(0))
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := p.Select(ctxWith(r, nil), s.workers(), s)
+		res, err := p.Select(ctxWith(r, nil), s.Workers(), s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -377,12 +341,12 @@ func TestBuiltinPolicy(t *testing.T) {
 		}
 	})
 	t.Run("a preferred-taint multiplier from the routing group scales the cost", func(t *testing.T) {
-		s := source{
-			{w: policies.Worker{WorkerID: 1}, decode: 82, mult: defaultcost.PreferredTaintMultiplier(0.5), hasMult: true},
-			{w: policies.Worker{WorkerID: 2}, decode: 82},
+		s := policytest.Source{
+			{Worker: policies.Worker{WorkerID: 1}, DecodeCost: 82, Multiplier: defaultcost.PreferredTaintMultiplier(0.5), HasMultiplier: true},
+			{Worker: policies.Worker{WorkerID: 2}, DecodeCost: 82},
 		}
 		p, _ := defaultcost.Builtin()(policies.DefaultRouterConfig(), "select", policies.PartitionID{})
-		res, err := p.Select(ctxWith(r, nil), s.workers(), s)
+		res, err := p.Select(ctxWith(r, nil), s.Workers(), s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -391,15 +355,15 @@ func TestBuiltinPolicy(t *testing.T) {
 		}
 	})
 	t.Run("zero-temperature ties are broken randomly over many trials", func(t *testing.T) {
-		s := source{}
+		s := policytest.Source{}
 		for i := 1; i <= 5; i++ {
-			s = append(s, cand{w: policies.Worker{WorkerID: uint64(i)}, decode: 10})
+			s = append(s, policytest.Candidate{Worker: policies.Worker{WorkerID: uint64(i)}, DecodeCost: 10})
 		}
 		p, _ := defaultcost.Builtin()(policies.DefaultRouterConfig(), "select", policies.PartitionID{})
 		seen := map[uint64]int{}
 		for trial := 0; trial < 2000; trial++ {
-			sh := shuffle(s, r)
-			res, err := p.Select(ctxWith(r, nil), sh.workers(), sh)
+			sh := s.Shuffled(r)
+			res, err := p.Select(ctxWith(r, nil), sh.Workers(), sh)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -429,9 +393,9 @@ func (d dropWorker) Keep(_ *policies.WorkerSelectionContext, c *policies.WorkerC
 }
 
 // overrideScenario: A caches 30 of 32 blocks but carries more decode load; B caches nothing.
-var overrideScenario = source{
-	{w: policies.Worker{WorkerID: 1}, device: 30, decode: 32}, // 32 − 30 + 32 = 34
-	{w: policies.Worker{WorkerID: 2}, decode: 10},             // 32 + 10 = 42
+var overrideScenario = policytest.Source{
+	{Worker: policies.Worker{WorkerID: 1}, Device: 30, DecodeCost: 32}, // 32 − 30 + 32 = 34
+	{Worker: policies.Worker{WorkerID: 2}, DecodeCost: 10},             // 32 + 10 = 42
 }
 
 func TestPerRequestOverrides(t *testing.T) {
@@ -458,12 +422,12 @@ func TestPerRequestOverrides(t *testing.T) {
 			r := rand.New(rand.NewPCG(5, 5))
 			seen := map[uint64]int{}
 			for trial := 0; trial < 400; trial++ {
-				res, err := builtin.Select(ctxWith(r, tc.mod), overrideScenario.workers(), overrideScenario)
+				res, err := builtin.Select(ctxWith(r, tc.mod), overrideScenario.Workers(), overrideScenario)
 				if err != nil {
 					t.Fatal(err)
 				}
 				seen[res.Worker.WorkerID]++
-				res, err = configured.Select(ctxWith(r, tc.mod), overrideScenario.workers(), overrideScenario)
+				res, err = configured.Select(ctxWith(r, tc.mod), overrideScenario.Workers(), overrideScenario)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -493,23 +457,23 @@ func TestPolicyMatchesDirectFunctions(t *testing.T) {
 			params := defaultcost.ParamsFromConfig(cfg)
 			for trial := 0; trial < 300; trial++ {
 				n := 1 + gen.IntN(40)
-				s := make(source, n)
+				s := make(policytest.Source, n)
 				minPrefill := math.MaxInt
 				for i := range s {
-					s[i] = cand{w: policies.Worker{WorkerID: uint64(i)}, device: gen.IntN(40), host: gen.IntN(10),
-						prefill: gen.IntN(4000), decode: gen.IntN(300), reqs: gen.IntN(20),
-						mult: 0.5 + gen.Float64(), hasMult: gen.IntN(2) == 0}
-					minPrefill = min(minPrefill, s[i].prefill)
+					s[i] = policytest.Candidate{Worker: policies.Worker{WorkerID: uint64(i)}, Device: gen.IntN(40), Host: gen.IntN(10),
+						Prefill: gen.IntN(4000), DecodeCost: gen.IntN(300), Requests: gen.IntN(20),
+						Multiplier: 0.5 + gen.Float64(), HasMultiplier: gen.IntN(2) == 0}
+					minPrefill = min(minPrefill, s[i].Prefill)
 				}
 				direct := make([]float64, n)
 				for i, c := range s {
 					direct[i] = defaultcost.Cost(params, defaultcost.Inputs{ISLTokens: 512, BlockSize: 16, TrackPrefillTokens: true,
-						DeviceBlocks: c.device, HostExtBlocks: c.host, ActivePrefillTokens: c.prefill, MinActivePrefillTokens: minPrefill,
-						DecodeCostBlocks: c.decode, ActiveRequests: c.reqs, TaintMultiplier: c.mult, HasTaintMultiplier: c.hasMult})
+						DeviceBlocks: c.Device, HostExtBlocks: c.Host, ActivePrefillTokens: c.Prefill, MinActivePrefillTokens: minPrefill,
+						DecodeCostBlocks: c.DecodeCost, ActiveRequests: c.Requests, TaintMultiplier: c.Multiplier, HasTaintMultiplier: c.HasMultiplier})
 				}
 				seed := gen.Uint64()
 				want := defaultcost.Pick(rand.New(rand.NewPCG(seed, 0)), direct, temp)
-				res, err := p.Select(ctxWith(rand.New(rand.NewPCG(seed, 0)), nil), s.workers(), s)
+				res, err := p.Select(ctxWith(rand.New(rand.NewPCG(seed, 0)), nil), s.Workers(), s)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -522,15 +486,8 @@ func TestPolicyMatchesDirectFunctions(t *testing.T) {
 }
 
 func TestProvider(t *testing.T) {
-	params := func(raw string) policies.PolicyParameters {
-		p, err := policies.NewPolicyParameters([]byte(raw))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
 	t.Run("omitted parameters inherit the router configuration and set ones override it", func(t *testing.T) {
-		f, err := defaultcost.Provider(params(`{"overlap_score_credit": 0.5, "host_cache_hit_weight": 0}`))
+		f, err := defaultcost.Provider(policytest.Params(t, `{"overlap_score_credit": 0.5, "host_cache_hit_weight": 0}`))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -544,7 +501,7 @@ func TestProvider(t *testing.T) {
 			t.Fatalf("config %+v inputs %v", p.Config(), p.RequiredInputs())
 		}
 		// A under credit 0.5, host weight 0, scale 2: 2 × max(0, 96 − 4) + 132 = 316.
-		res, err := p.Select(ctxWith(rand.New(rand.NewPCG(1, 1)), nil), worked.workers(), worked)
+		res, err := p.Select(ctxWith(rand.New(rand.NewPCG(1, 1)), nil), worked.Workers(), worked)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -560,14 +517,11 @@ func TestProvider(t *testing.T) {
 		{"a non-numeric parameter is rejected by name", `{"prefill_load_scale": "high"}`, "prefill_load_scale"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := defaultcost.Provider(params(tc.raw))
-			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), defaultcost.TypeName) {
-				t.Fatalf("err = %v", err)
-			}
+			policytest.WantRejected(t, defaultcost.Provider, defaultcost.TypeName, tc.raw, tc.want)
 		})
 	}
 	t.Run("every documented parameter is accepted", func(t *testing.T) {
-		_, err := defaultcost.Provider(params(`{"overlap_score_credit":1,"prefill_load_scale":1,"router_temperature":0.5,
+		_, err := defaultcost.Provider(policytest.Params(t, `{"overlap_score_credit":1,"prefill_load_scale":1,"router_temperature":0.5,
 			"overlap_score_credit_decay":1,"decode_active_request_weight":0.1,"host_cache_hit_weight":0.7,
 			"disk_cache_hit_weight":0.2,"shared_cache_multiplier":0.5}`))
 		if err != nil {
@@ -589,15 +543,15 @@ func BenchmarkBuiltinSelect(b *testing.B) {
 	for _, n := range []int{32, 1024} {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
 			gen := rand.New(rand.NewPCG(1, 2))
-			s := make(source, n)
+			s := make(policytest.Source, n)
 			for i := range s {
-				s[i] = cand{w: policies.Worker{WorkerID: uint64(i)}, device: gen.IntN(32), prefill: gen.IntN(4096), decode: gen.IntN(300)}
+				s[i] = policytest.Candidate{Worker: policies.Worker{WorkerID: uint64(i)}, Device: gen.IntN(32), Prefill: gen.IntN(4096), DecodeCost: gen.IntN(300)}
 			}
 			cfg := policies.DefaultRouterConfig()
 			cfg.OverlapScoreCreditDecay = 1
 			p, _ := defaultcost.Builtin()(cfg, "select", policies.PartitionID{})
 			ctx := ctxWith(rand.New(rand.NewPCG(1, 1)), nil)
-			ws := s.workers()
+			ws := s.Workers()
 			var src policies.InputSource = s // convert once: a slice-to-interface conversion allocates
 			b.ReportAllocs()
 			b.ResetTimer()

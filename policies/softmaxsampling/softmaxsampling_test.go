@@ -3,64 +3,34 @@ package softmaxsampling_test
 import (
 	"math"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"testing"
 
-	"github.com/kvepp/kvepp/catalog"
+	"github.com/kvepp/kvepp/catalog/catalogtest"
 	"github.com/kvepp/kvepp/policies"
 	"github.com/kvepp/kvepp/policies/leastbusy"
+	"github.com/kvepp/kvepp/policies/policytest"
 	"github.com/kvepp/kvepp/policies/softmaxsampling"
 )
 
 // row is one candidate: without prefill tracking the built-in cost is its decode cost (blocks).
-type row struct {
-	id         uint64
-	decodeCost int
-	requests   int
+func row(id uint64, decodeCost, requests int) policytest.Candidate {
+	return policytest.Candidate{Worker: policytest.W(id, 0), DecodeCost: decodeCost, Requests: requests}
 }
-
-// source is an InputSource over rows in the order given to Select.
-type source []row
-
-func (s source) Cache(int) policies.CacheInputs { return policies.CacheInputs{} }
-func (s source) Load(i int) policies.LoadInputs {
-	return policies.NewLoadInputs(0, s[i].decodeCost, s[i].requests)
-}
-func (s source) Routing(int) policies.RoutingInputs { return policies.RoutingInputs{} }
 
 func newPolicy(t *testing.T, raw string) *policies.WorkerSelectionPolicy {
 	t.Helper()
-	params, err := policies.NewPolicyParameters([]byte(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := softmaxsampling.Provider(params)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := f(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: "default"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return policytest.NewPolicy(t, softmaxsampling.Provider, raw)
 }
 
 // frequencies runs n selections over shuffled rows (override: the per-request temperature, nil
 // for none) and returns each worker's share.
-func frequencies(t *testing.T, p *policies.WorkerSelectionPolicy, rows []row, override *float64, n int) map[uint64]float64 {
+func frequencies(t *testing.T, p *policies.WorkerSelectionPolicy, rows policytest.Source, override *float64, n int) map[uint64]float64 {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(11, 12))
 	counts := map[uint64]float64{}
 	for i := 0; i < n; i++ {
-		s := append(source(nil), rows...)
-		rng.Shuffle(len(s), func(a, b int) { s[a], s[b] = s[b], s[a] })
-		ws := make([]policies.Worker, len(s))
-		for j, r := range s {
-			ws[j] = policies.Worker{WorkerID: r.id}
-		}
-		ctx := policies.NewWorkerSelectionContext(policies.ContextParams{ISLTokens: 64, BlockSize: 16, RouterTemperatureOverride: override, Rand: rng})
-		res, err := p.Select(ctx, ws, s)
+		res, err := policytest.Select(p, policies.ContextParams{ISLTokens: 64, BlockSize: 16, RouterTemperatureOverride: override}, rng, rows)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +53,7 @@ func expectShares(t *testing.T, got map[uint64]float64, want map[uint64]float64)
 
 func ptr(v float64) *float64 { return &v }
 
-var costs102030 = []row{{1, 10, 0}, {2, 20, 0}, {3, 30, 0}}
+var costs102030 = policytest.Source{row(1, 10, 0), row(2, 20, 0), row(3, 30, 0)}
 
 func TestSoftmaxSamplingDecisions(t *testing.T) {
 	const n = 20000
@@ -100,11 +70,11 @@ func TestSoftmaxSamplingDecisions(t *testing.T) {
 			map[uint64]float64{1: 0.6652, 2: 0.2447, 3: 0.0900})
 	})
 	t.Run("the normalisation makes the shares independent of the cost scale", func(t *testing.T) {
-		expectShares(t, frequencies(t, newPolicy(t, `{"temperature": 1}`), []row{{1, 1000, 0}, {2, 2000, 0}, {3, 3000, 0}}, nil, n),
+		expectShares(t, frequencies(t, newPolicy(t, `{"temperature": 1}`), policytest.Source{row(1, 1000, 0), row(2, 2000, 0), row(3, 3000, 0)}, nil, n),
 			map[uint64]float64{1: 0.5065, 2: 0.3072, 3: 0.1863})
 	})
 	t.Run("equal costs are sampled uniformly", func(t *testing.T) {
-		expectShares(t, frequencies(t, newPolicy(t, `{"temperature": 0.1}`), []row{{1, 7, 0}, {2, 7, 0}, {3, 7, 0}, {4, 7, 0}}, nil, n),
+		expectShares(t, frequencies(t, newPolicy(t, `{"temperature": 0.1}`), policytest.Source{row(1, 7, 0), row(2, 7, 0), row(3, 7, 0), row(4, 7, 0)}, nil, n),
 			map[uint64]float64{1: 0.25, 2: 0.25, 3: 0.25, 4: 0.25})
 	})
 	t.Run("a per-request temperature override wins over the parameter", func(t *testing.T) {
@@ -112,7 +82,7 @@ func TestSoftmaxSamplingDecisions(t *testing.T) {
 			map[uint64]float64{1: 0.6652, 2: 0.2447, 3: 0.0900})
 	})
 	t.Run("a per-request temperature of 0 picks the minimum cost, ties at random", func(t *testing.T) {
-		got := frequencies(t, newPolicy(t, `{"temperature": 1}`), []row{{1, 10, 0}, {2, 10, 0}, {3, 11, 0}}, ptr(0), 4000)
+		got := frequencies(t, newPolicy(t, `{"temperature": 1}`), policytest.Source{row(1, 10, 0), row(2, 10, 0), row(3, 11, 0)}, ptr(0), 4000)
 		expectShares(t, got, map[uint64]float64{1: 0.5, 2: 0.5, 3: 0})
 	})
 	t.Run("Go callers can sample over their own scorers", func(t *testing.T) {
@@ -124,7 +94,7 @@ func TestSoftmaxSamplingDecisions(t *testing.T) {
 			t.Fatalf("RequiredInputs = %v", got)
 		}
 		// Active requests 1/2/3 normalise like costs 10/20/30.
-		expectShares(t, frequencies(t, p, []row{{1, 900, 1}, {2, 0, 2}, {3, 0, 3}}, nil, n),
+		expectShares(t, frequencies(t, p, policytest.Source{row(1, 900, 1), row(2, 0, 2), row(3, 0, 3)}, nil, n),
 			map[uint64]float64{1: 0.5065, 2: 0.3072, 3: 0.1863})
 	})
 }
@@ -149,11 +119,7 @@ func TestSoftmaxSamplingValidation(t *testing.T) {
 		{"a temperature overflowing to infinity is rejected by name", `{"temperature": 1e400}`, "temperature"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			params, _ := policies.NewPolicyParameters([]byte(tc.raw))
-			_, err := softmaxsampling.Provider(params)
-			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), softmaxsampling.TypeName) {
-				t.Fatalf("err = %v, want %q", err, tc.want)
-			}
+			policytest.WantRejected(t, softmaxsampling.Provider, softmaxsampling.TypeName, tc.raw, tc.want)
 		})
 	}
 	t.Run("NewPolicy rejects a NaN temperature by name", func(t *testing.T) {
@@ -177,38 +143,5 @@ func TestSoftmaxSamplingValidation(t *testing.T) {
 }
 
 func TestTheREADMEExampleSelectsThePolicy(t *testing.T) {
-	res := resolveREADME(t)
-	if _, err := res.Factory(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: "default"}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// resolveREADME resolves the README's YAML example through a registry holding this type.
-func resolveREADME(t *testing.T) *catalog.Resolution {
-	t.Helper()
-	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, example, ok := strings.Cut(string(readme), "```yaml\n")
-	if !ok {
-		t.Fatal("README.md has no yaml example")
-	}
-	example, _, _ = strings.Cut(example, "```")
-	reg := catalog.NewRegistry()
-	if err := reg.Register(softmaxsampling.TypeName, softmaxsampling.Provider); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := catalog.ParseConfig([]byte(example))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := catalog.Resolve(reg, cfg, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Type != softmaxsampling.TypeName || res.Builtin {
-		t.Fatalf("the README example resolves to %+v", res)
-	}
-	return res
+	policytest.Partition(t, catalogtest.ResolveREADME(t, softmaxsampling.TypeName, softmaxsampling.Provider).Factory, "default")
 }

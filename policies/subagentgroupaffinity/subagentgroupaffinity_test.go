@@ -4,29 +4,17 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"testing"
 
-	"github.com/kvepp/kvepp/catalog"
+	"github.com/kvepp/kvepp/catalog/catalogtest"
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/policytest"
 	"github.com/kvepp/kvepp/policies/subagentgroupaffinity"
 )
 
 // costs maps worker id → built-in cost: without prefill tracking the cost is the decode cost.
 type costs map[uint64]int
-
-// source is an InputSource over workers in the order given to Select.
-type source struct {
-	ws    []policies.Worker
-	costs costs
-}
-
-func (s source) Cache(int) policies.CacheInputs { return policies.CacheInputs{} }
-func (s source) Load(i int) policies.LoadInputs {
-	return policies.NewLoadInputs(0, s.costs[s.ws[i].WorkerID], 0)
-}
-func (s source) Routing(int) policies.RoutingInputs { return policies.RoutingInputs{} }
 
 // harness is one partition's policy and a random source.
 type harness struct {
@@ -37,24 +25,7 @@ type harness struct {
 
 func newHarness(t *testing.T, raw string) *harness {
 	t.Helper()
-	params, err := policies.NewPolicyParameters([]byte(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := subagentgroupaffinity.Provider(params)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &harness{t: t, p: newPartition(t, f, "default"), rng: rand.New(rand.NewPCG(1, 2))}
-}
-
-func newPartition(t *testing.T, f policies.PolicyFactory, group string) *policies.WorkerSelectionPolicy {
-	t.Helper()
-	p, err := f(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: group})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return &harness{t: t, p: policytest.NewPolicy(t, subagentgroupaffinity.Provider, raw), rng: rand.New(rand.NewPCG(1, 2))}
 }
 
 // sess builds a session context; parent may be "".
@@ -68,14 +39,15 @@ func (h *harness) pick(s *policies.SessionContext, c costs) uint64 {
 	return pickWith(h.t, h.p, h.rng, s, c)
 }
 
+// pickWith selects among the workers of c (shuffled with rng) for a 64-token request (block size
+// 16) with session s.
 func pickWith(t *testing.T, p *policies.WorkerSelectionPolicy, rng *rand.Rand, s *policies.SessionContext, c costs) uint64 {
 	t.Helper()
-	src := source{costs: c}
-	for id := range c {
-		src.ws = append(src.ws, policies.Worker{WorkerID: id})
+	var src policytest.Source
+	for id, cost := range c {
+		src = append(src, policytest.Candidate{Worker: policytest.W(id, 0), DecodeCost: cost})
 	}
-	rng.Shuffle(len(src.ws), func(i, j int) { src.ws[i], src.ws[j] = src.ws[j], src.ws[i] })
-	res, err := p.Select(policies.NewWorkerSelectionContext(policies.ContextParams{ISLTokens: 64, BlockSize: 16, Session: s, Rand: rng}), src.ws, src)
+	res, err := policytest.Select(p, policies.ContextParams{ISLTokens: 64, BlockSize: 16, Session: s}, rng, src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +180,7 @@ func TestSubagentGroupAffinityPartitionsHaveIndependentTables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b := newPartition(t, f, "a"), newPartition(t, f, "b")
+	a, b := policytest.Partition(t, f, "a"), policytest.Partition(t, f, "b")
 	rng := rand.New(rand.NewPCG(1, 1))
 	if got := pickWith(t, a, rng, sess("c1", "P"), costs{1: 100, 2: 10}); got != 2 {
 		t.Fatalf("got %d", got)
@@ -242,11 +214,7 @@ func TestSubagentGroupAffinityProviderValidation(t *testing.T) {
 		{"a fractional max_groups is rejected by name", `{"max_groups": 1.5}`, "max_groups"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			params, _ := policies.NewPolicyParameters([]byte(tc.raw))
-			_, err := subagentgroupaffinity.Provider(params)
-			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), subagentgroupaffinity.TypeName) {
-				t.Fatalf("err = %v, want %q", err, tc.want)
-			}
+			policytest.WantRejected(t, subagentgroupaffinity.Provider, subagentgroupaffinity.TypeName, tc.raw, tc.want)
 		})
 	}
 	t.Run("a NaN discount given in Go is rejected by name", func(t *testing.T) {
@@ -264,38 +232,5 @@ func TestSubagentGroupAffinityProviderValidation(t *testing.T) {
 }
 
 func TestTheREADMEExampleSelectsThePolicy(t *testing.T) {
-	res := resolveREADME(t)
-	if _, err := res.Factory(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: "default"}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// resolveREADME resolves the README's YAML example through a registry holding this type.
-func resolveREADME(t *testing.T) *catalog.Resolution {
-	t.Helper()
-	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, example, ok := strings.Cut(string(readme), "```yaml\n")
-	if !ok {
-		t.Fatal("README.md has no yaml example")
-	}
-	example, _, _ = strings.Cut(example, "```")
-	reg := catalog.NewRegistry()
-	if err := reg.Register(subagentgroupaffinity.TypeName, subagentgroupaffinity.Provider); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := catalog.ParseConfig([]byte(example))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := catalog.Resolve(reg, cfg, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Type != subagentgroupaffinity.TypeName || res.Builtin {
-		t.Fatalf("the README example resolves to %+v", res)
-	}
-	return res
+	policytest.Partition(t, catalogtest.ResolveREADME(t, subagentgroupaffinity.TypeName, subagentgroupaffinity.Provider).Factory, "default")
 }

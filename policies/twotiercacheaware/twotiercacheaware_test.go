@@ -3,61 +3,30 @@ package twotiercacheaware_test
 import (
 	"math"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"testing"
 
-	"github.com/kvepp/kvepp/catalog"
+	"github.com/kvepp/kvepp/catalog/catalogtest"
 	"github.com/kvepp/kvepp/policies"
+	"github.com/kvepp/kvepp/policies/policytest"
 	"github.com/kvepp/kvepp/policies/twotiercacheaware"
 )
 
-// row is one candidate's explicit inputs.
-type row struct {
-	id       uint64
-	device   int // blocks
-	requests int
-	prefill  int // tokens
+// row is one candidate: its id, device overlap (blocks), active requests and active prefill
+// tokens.
+func row(id uint64, device, requests, prefill int) policytest.Candidate {
+	return policytest.Candidate{Worker: policytest.W(id, 0), Device: device, Requests: requests, Prefill: prefill}
 }
-
-// source is an InputSource over rows in the order given to Select.
-type source []row
-
-func (s source) Cache(i int) policies.CacheInputs {
-	return policies.NewCacheInputs(s[i].device, 0, 0, 0)
-}
-func (s source) Load(i int) policies.LoadInputs {
-	return policies.NewLoadInputs(s[i].prefill, 0, s[i].requests)
-}
-func (s source) Routing(int) policies.RoutingInputs { return policies.RoutingInputs{} }
 
 func newPolicy(t *testing.T, raw string) *policies.WorkerSelectionPolicy {
 	t.Helper()
-	params, err := policies.NewPolicyParameters([]byte(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := twotiercacheaware.Provider(params)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := f(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: "default"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return policytest.NewPolicy(t, twotiercacheaware.Provider, raw)
 }
 
 // pick shuffles rows and runs Select for a request of isl tokens (block size 16).
-func pick(t *testing.T, p *policies.WorkerSelectionPolicy, rows []row, isl int, rng *rand.Rand) uint64 {
+func pick(t *testing.T, p *policies.WorkerSelectionPolicy, rows policytest.Source, isl int, rng *rand.Rand) uint64 {
 	t.Helper()
-	s := append(source(nil), rows...)
-	rng.Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] })
-	ws := make([]policies.Worker, len(s))
-	for i, r := range s {
-		ws[i] = policies.Worker{WorkerID: r.id}
-	}
-	res, err := p.Select(policies.NewWorkerSelectionContext(policies.ContextParams{ISLTokens: isl, BlockSize: 16, Rand: rng}), ws, s)
+	res, err := policytest.Select(p, policies.ContextParams{ISLTokens: isl, BlockSize: 16}, rng, rows)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,34 +38,34 @@ func TestTwoTierCacheAwareDecisions(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		raw  string
-		rows []row
+		rows policytest.Source
 		isl  int // 160 tokens = 10 blocks
 		want uint64
 	}{
 		{"while balanced the largest overlap above the cache threshold wins even when busier", `{}`,
-			[]row{{1, 8, 5, 0}, {2, 2, 0, 0}}, 160, 1},
+			policytest.Source{row(1, 8, 5, 0), row(2, 2, 0, 0)}, 160, 1},
 		{"while balanced an overlap ratio equal to the threshold is not enough and the shortest queue wins", `{}`,
-			[]row{{1, 5, 3, 0}, {2, 0, 1, 0}}, 160, 2},
+			policytest.Source{row(1, 5, 3, 0), row(2, 0, 1, 0)}, 160, 2},
 		{"while balanced equal best overlaps go to the fewer active requests", `{}`,
-			[]row{{1, 8, 4, 0}, {2, 8, 2, 0}, {3, 0, 0, 0}}, 160, 2},
+			policytest.Source{row(1, 8, 4, 0), row(2, 8, 2, 0), row(3, 0, 0, 0)}, 160, 2},
 		{"while balanced equal overlaps and requests go to the fewer active prefill tokens", `{}`,
-			[]row{{1, 8, 2, 900}, {2, 8, 2, 100}}, 160, 2},
+			policytest.Source{row(1, 8, 2, 900), row(2, 8, 2, 100)}, 160, 2},
 		{"once max−min exceeds the absolute threshold and the relative one, the shortest queue wins over a full overlap", `{}`,
-			[]row{{1, 10, 40, 0}, {2, 0, 0, 0}, {3, 0, 1, 0}}, 160, 2},
+			policytest.Source{row(1, 10, 40, 0), row(2, 0, 0, 0), row(3, 0, 1, 0)}, 160, 2},
 		{"a spread exactly at the absolute threshold is still balanced", `{}`,
-			[]row{{1, 10, 32, 0}, {2, 0, 0, 0}}, 160, 1},
+			policytest.Source{row(1, 10, 32, 0), row(2, 0, 0, 0)}, 160, 1},
 		{"a spread above the absolute threshold is balanced while max ≤ rel × min", `{"balance_abs_threshold": 10, "balance_rel_threshold": 3}`,
-			[]row{{1, 10, 40, 0}, {2, 0, 20, 0}}, 160, 1},
+			policytest.Source{row(1, 10, 40, 0), row(2, 0, 20, 0)}, 160, 1},
 		{"a spread above both thresholds is imbalanced with custom thresholds", `{"balance_abs_threshold": 10, "balance_rel_threshold": 1.5}`,
-			[]row{{1, 10, 40, 0}, {2, 0, 20, 0}}, 160, 2},
+			policytest.Source{row(1, 10, 40, 0), row(2, 0, 20, 0)}, 160, 2},
 		{"while imbalanced equal queues go to the fewer active prefill tokens", `{}`,
-			[]row{{1, 10, 0, 500}, {2, 0, 0, 100}, {3, 10, 50, 0}}, 160, 2},
+			policytest.Source{row(1, 10, 0, 500), row(2, 0, 0, 100), row(3, 10, 50, 0)}, 160, 2},
 		{"a lower cache threshold lets a smaller overlap win", `{"cache_threshold": 0.2}`,
-			[]row{{1, 3, 6, 0}, {2, 0, 0, 0}}, 160, 1},
+			policytest.Source{row(1, 3, 6, 0), row(2, 0, 0, 0)}, 160, 1},
 		{"with a zero cache threshold no overlap at all falls back to the shortest queue", `{"cache_threshold": 0}`,
-			[]row{{1, 0, 6, 0}, {2, 0, 1, 0}}, 160, 2},
+			policytest.Source{row(1, 0, 6, 0), row(2, 0, 1, 0)}, 160, 2},
 		{"a request without a full block has no overlap ratio and goes to the shortest queue", `{}`,
-			[]row{{1, 4, 6, 0}, {2, 0, 1, 0}}, 0, 2},
+			policytest.Source{row(1, 4, 6, 0), row(2, 0, 1, 0)}, 0, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPolicy(t, tc.raw)
@@ -111,7 +80,7 @@ func TestTwoTierCacheAwareDecisions(t *testing.T) {
 		p := newPolicy(t, `{}`)
 		counts := map[uint64]int{}
 		for i := 0; i < 1000; i++ {
-			counts[pick(t, p, []row{{1, 9, 1, 0}, {2, 9, 1, 0}, {3, 9, 2, 0}}, 160, rng)]++
+			counts[pick(t, p, policytest.Source{row(1, 9, 1, 0), row(2, 9, 1, 0), row(3, 9, 2, 0)}, 160, rng)]++
 		}
 		if counts[3] != 0 || counts[1] < 400 || counts[2] < 400 {
 			t.Fatalf("counts %v", counts)
@@ -144,7 +113,7 @@ func TestTwoTierRequestsOnlyCacheAndLoad(t *testing.T) {
 	if got := p.RequiredInputs(); got != policies.InputsCache|policies.InputsLoad {
 		t.Fatalf("RequiredInputs = %v", got)
 	}
-	pick(t, p, []row{{1, 1, 1, 0}, {2, 2, 2, 0}}, 160, rand.New(rand.NewPCG(1, 1)))
+	pick(t, p, policytest.Source{row(1, 1, 1, 0), row(2, 2, 2, 0)}, 160, rand.New(rand.NewPCG(1, 1)))
 	if st := p.Stats(); st.RoutingComputed != 0 || st.CacheComputed != 2 || st.LoadComputed != 2 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -163,11 +132,7 @@ func TestTwoTierProviderValidation(t *testing.T) {
 		{"a relative threshold overflowing to infinity is rejected by name", `{"balance_rel_threshold": 1e400}`, "balance_rel_threshold"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			params, _ := policies.NewPolicyParameters([]byte(tc.raw))
-			_, err := twotiercacheaware.Provider(params)
-			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), twotiercacheaware.TypeName) {
-				t.Fatalf("err = %v, want %q", err, tc.want)
-			}
+			policytest.WantRejected(t, twotiercacheaware.Provider, twotiercacheaware.TypeName, tc.raw, tc.want)
 		})
 	}
 	t.Run("NaN thresholds given in Go are rejected by name", func(t *testing.T) {
@@ -187,38 +152,5 @@ func TestTwoTierProviderValidation(t *testing.T) {
 }
 
 func TestTheREADMEExampleSelectsThePolicy(t *testing.T) {
-	res := resolveREADME(t)
-	if _, err := res.Factory(policies.DefaultRouterConfig(), "select", policies.PartitionID{ModelName: "m", RoutingGroup: "default"}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// resolveREADME resolves the README's YAML example through a registry holding this type.
-func resolveREADME(t *testing.T) *catalog.Resolution {
-	t.Helper()
-	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, example, ok := strings.Cut(string(readme), "```yaml\n")
-	if !ok {
-		t.Fatal("README.md has no yaml example")
-	}
-	example, _, _ = strings.Cut(example, "```")
-	reg := catalog.NewRegistry()
-	if err := reg.Register(twotiercacheaware.TypeName, twotiercacheaware.Provider); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := catalog.ParseConfig([]byte(example))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := catalog.Resolve(reg, cfg, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Type != twotiercacheaware.TypeName || res.Builtin {
-		t.Fatalf("the README example resolves to %+v", res)
-	}
-	return res
+	policytest.Partition(t, catalogtest.ResolveREADME(t, twotiercacheaware.TypeName, twotiercacheaware.Provider).Factory, "default")
 }
