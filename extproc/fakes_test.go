@@ -193,10 +193,22 @@ func (f *fakePicker) Models() []string {
 	return append([]string(nil), f.models...)
 }
 
-func (f *fakePicker) Workers(model, _ string) []picker.WorkerState {
+// Workers lists partition (model, group)'s workers as *picker.Service does: model "" is every
+// model, group "" every group, a record without routing_group is in picker.DefaultPartitionName.
+func (f *fakePicker) Workers(model, group string) []picker.WorkerState {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]picker.WorkerState(nil), f.candidates(model, nil, false)...)
+	var out []picker.WorkerState
+	for _, w := range f.candidates(model, nil, false) {
+		rg := w.RoutingGroup
+		if rg == "" {
+			rg = picker.DefaultPartitionName
+		}
+		if group == "" || rg == group {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // snapshot returns copies of the recorded calls.

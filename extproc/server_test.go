@@ -687,6 +687,65 @@ func TestPartitionResolution(t *testing.T) {
 	}
 }
 
+// TestLoadOnlyPicksStayInTheRequestsPartition checks epp.md §5.5/§5.7: a load-only pick (gzip
+// body, request body mode NONE, header-only request) chooses among the workers of the partition
+// the request would have — DYN_MODEL_NAME's when set, else the only served model's, else any model
+// — and only in the server's routing group; never a worker of another partition.
+func TestLoadOnlyPicksStayInTheRequestsPartition(t *testing.T) {
+	// Model "m": worker 4 in routing group "prefill" (listed first, so a pick that ignores the
+	// group lands on it), workers 1-3 in the default group. Model "n": worker 9 (default group).
+	otherGroup := worker(4, "m", "http://10.0.0.4:8000")
+	otherGroup.RoutingGroup = "prefill"
+	requests := []struct {
+		name string
+		req  extproctest.Request
+	}{
+		{"a gzip-encoded body", extproctest.Request{Body: []byte{0x1f, 0x8b, 0x08}, Headers: []extproctest.Header{{Key: "content-encoding", Value: "gzip"}}}},
+		{"request body mode NONE", extproctest.Request{Body: []byte(`{"model":"m","messages":[]}`), ProtocolConfig: &extprocv3.ProtocolConfiguration{
+			RequestBodyMode: filterv3.ProcessingMode_NONE, ResponseBodyMode: filterv3.ProcessingMode_NONE}}},
+		{"a header-only request", extproctest.Request{HeaderOnly: true}},
+	}
+	setups := []struct {
+		name, modelName string
+		models          []string
+		wantModel       string
+		wantAllowed     []uint64
+	}{
+		{"DYN_MODEL_NAME's partition when set", "m", []string{"m", "n"}, "m", []uint64{1, 2, 3}},
+		{"DYN_MODEL_NAME's partition even when it is not listed first", "m", []string{"n", "m"}, "m", []uint64{1, 2, 3}},
+		{"the only partition without DYN_MODEL_NAME", "", []string{"m"}, "m", []uint64{1, 2, 3}},
+		{"any model of the routing group when several are served", "", []string{"m", "n"}, "", []uint64{1, 2, 3, 9}},
+	}
+	for _, st := range setups {
+		for _, rq := range requests {
+			t.Run(rq.name+" picks in "+st.name, func(t *testing.T) {
+				h := newHarness(t, func(c *extproc.Config) { c.ModelName = st.modelName })
+				h.pk.models = st.models
+				h.pk.workers["m"] = append([]picker.WorkerState{otherGroup}, h.pk.workers["m"]...)
+				h.pk.workers["n"] = []picker.WorkerState{worker(9, "n", "http://10.0.0.9:8000")}
+				ex := h.do(t, rq.req)
+				_, loads, _, _, _ := h.pk.snapshot()
+				if ex.Immediate != nil || len(loads) != 1 {
+					t.Fatalf("immediate %+v, load-only calls %+v", ex.Immediate, loads)
+				}
+				got := slices.Clone(loads[0].allowed)
+				slices.Sort(got)
+				if loads[0].model != st.wantModel || !loads[0].allowedSet || !slices.Equal(got, st.wantAllowed) {
+					t.Fatalf("load-only call %+v, want model %q over workers %v", loads[0], st.wantModel, st.wantAllowed)
+				}
+				if ex.Destination == "10.0.0.4:8000" {
+					t.Fatalf("routed to worker 4 of routing group \"prefill\"")
+				}
+			})
+		}
+	}
+	t.Run("a partition without workers in the routing group is a 503", func(t *testing.T) {
+		h := newHarness(t, func(c *extproc.Config) { c.RoutingGroup = "decode" })
+		ex := h.do(t, extproctest.Request{HeaderOnly: true})
+		checkImmediate(t, ex, 503, "service_unavailable", "no ready worker")
+	})
+}
+
 func TestCompletionTokenPromptsSkipTheTokenizer(t *testing.T) {
 	for _, tc := range []struct {
 		name, prompt string

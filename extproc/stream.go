@@ -479,11 +479,22 @@ func (st *stream) loadOnlyModel(bodyModel string) string {
 	return ""
 }
 
-// loadOnlyPick is epp.md §5.7: no booking.
+// loadOnlyPick is epp.md §5.7: no booking. The candidates are the workers of the partition the
+// request would have — (model, the server's routing group), model "" meaning every model of that
+// group (loadOnlyModel) — intersected with the subset hint; the picker's LoadOnlyPick knows only
+// the model, so the partition is passed as the allowed worker ids. An empty partition → 503.
 func (st *stream) loadOnlyPick(model string) (decision, error) {
 	allowed, allowedSet, err := st.allowed(model)
 	if err != nil {
 		return decision{}, err
+	}
+	if !allowedSet { // a subset hint is already resolved against the partition's workers
+		ws := st.s.cfg.Picker.Workers(model, st.s.group)
+		allowed = make([]uint64, len(ws))
+		for i, w := range ws {
+			allowed[i] = w.WorkerID
+		}
+		allowedSet = true
 	}
 	sel, err := st.s.cfg.Picker.LoadOnlyPick(st.ctx, model, allowed, allowedSet)
 	if err != nil {

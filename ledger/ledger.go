@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"sync"
 	"time"
 )
@@ -68,7 +69,8 @@ type Booking struct {
 
 // Load is the current load of one candidate (selection-service.md §10.3).
 type Load struct {
-	// ActivePrefillTokens is Σ booked prefill tokens of live bookings not yet prefill-complete.
+	// ActivePrefillTokens is Σ booked prefill tokens of live bookings not yet prefill-complete,
+	// saturating at math.MaxUint64 (the ledger keeps the exact sum, so frees bring it back down).
 	ActivePrefillTokens uint64
 	// ActiveBlocks is round(Σ weight) over the distinct live block hashes on the candidate.
 	ActiveBlocks uint64
@@ -134,10 +136,38 @@ type slot struct {
 	live    bool
 }
 
+// wideSum is an exact unsigned 128-bit accumulator (hi·2^64 + lo). Every booking adds and later
+// subtracts exactly what it added, so the sum never drifts and returns to 0 when the last booking
+// goes, however large (up to 2^64−1 tokens each) the individual values were; readers saturate it
+// at the largest uint64 (selection-service.md §10.3: loads never wrap).
+type wideSum struct{ hi, lo uint64 }
+
+// add adds v exactly.
+func (w *wideSum) add(v uint64) {
+	var c uint64
+	w.lo, c = bits.Add64(w.lo, v, 0)
+	w.hi += c
+}
+
+// sub subtracts v exactly; callers only subtract what they added before.
+func (w *wideSum) sub(v uint64) {
+	var b uint64
+	w.lo, b = bits.Sub64(w.lo, v, 0)
+	w.hi -= b
+}
+
+// saturated returns the sum, or math.MaxUint64 when it does not fit in 64 bits.
+func (w wideSum) saturated() uint64 {
+	if w.hi != 0 {
+		return math.MaxUint64
+	}
+	return w.lo
+}
+
 // rankState is the load of one candidate.
 type rankState struct {
 	c        Candidate
-	prefill  uint64
+	prefill  wideSum // exact Σ booked prefill tokens of bookings not yet prefill-complete
 	requests uint64
 	blocks   blockTable
 	deficit  uint64 // Σ over bookings of excl × q: how far the weighted sum is below the distinct count
@@ -146,7 +176,7 @@ type rankState struct {
 
 func (r *rankState) load() Load {
 	return Load{
-		ActivePrefillTokens: r.prefill,
+		ActivePrefillTokens: r.prefill.saturated(),
 		ActiveBlocks:        r.activeBlocks(),
 		ActiveRequests:      r.requests,
 	}
@@ -253,7 +283,7 @@ func (l *Ledger) Book(b Booking) error {
 	r.head = idx
 
 	r.requests++
-	r.prefill += b.PrefillTokens
+	r.prefill.add(b.PrefillTokens)
 	if l.track {
 		for _, h := range b.SequenceHashes {
 			l.hold(r, s, idx, h)
@@ -276,7 +306,7 @@ func (l *Ledger) PrefillComplete(id string) error {
 	}
 	if !s.b.PrefillCompleted {
 		s.b.PrefillCompleted = true
-		s.rank.prefill -= s.b.PrefillTokens
+		s.rank.prefill.sub(s.b.PrefillTokens)
 	}
 	return nil
 }
@@ -499,7 +529,7 @@ func (l *Ledger) release(idx int32) Booking {
 	// After every unhold s.excl is 0, so its share of the deficit is gone too.
 	r.requests--
 	if !s.b.PrefillCompleted {
-		r.prefill -= s.b.PrefillTokens
+		r.prefill.sub(s.b.PrefillTokens)
 	}
 	if s.prev >= 0 {
 		l.slots[s.prev].next = s.next

@@ -446,3 +446,82 @@ func TestExpireAdmittedBefore(t *testing.T) {
 		}
 	})
 }
+
+func TestPrefillTokensNeverWrap(t *testing.T) {
+	const maxU = math.MaxUint64
+	type step struct {
+		op   string // "book", "prefill_complete", "free"
+		id   string
+		toks uint64
+		want Load
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{
+			name: "two bookings of 2^64-1 and 1 tokens saturate instead of wrapping to 0",
+			steps: []step{
+				{op: "book", id: "a", toks: maxU, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 1}},
+				{op: "book", id: "b", toks: 1, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 2}},
+			},
+		},
+		{
+			name: "freeing after saturation returns exactly to the remaining bookings' sum and then to 0",
+			steps: []step{
+				{op: "book", id: "a", toks: maxU, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 1}},
+				{op: "book", id: "b", toks: 7, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 2}},
+				{op: "book", id: "c", toks: maxU - 3, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 3}},
+				{op: "free", id: "a", want: Load{ActivePrefillTokens: maxU, ActiveRequests: 2}},
+				{op: "free", id: "c", want: Load{ActivePrefillTokens: 7, ActiveRequests: 1}},
+				{op: "free", id: "b", want: Load{}},
+			},
+		},
+		{
+			name: "prefill_complete after saturation subtracts exactly",
+			steps: []step{
+				{op: "book", id: "a", toks: maxU, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 1}},
+				{op: "book", id: "b", toks: maxU, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 2}},
+				{op: "book", id: "c", toks: 5, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 3}},
+				{op: "prefill_complete", id: "b", want: Load{ActivePrefillTokens: maxU, ActiveRequests: 3}},
+				{op: "prefill_complete", id: "a", want: Load{ActivePrefillTokens: 5, ActiveRequests: 3}},
+				{op: "free", id: "a", want: Load{ActivePrefillTokens: 5, ActiveRequests: 2}},
+				{op: "free", id: "c", want: Load{ActiveRequests: 1}},
+				{op: "free", id: "b", want: Load{}},
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newTracking()
+			for i, st := range tc.steps {
+				var err error
+				switch st.op {
+				case "book":
+					err = l.Book(Booking{ID: st.id, Candidate: w1r0, PrefillTokens: st.toks, Admitted: t0})
+				case "prefill_complete":
+					err = l.PrefillComplete(st.id)
+				case "free":
+					_, err = l.Free(st.id)
+				}
+				if err != nil {
+					t.Fatalf("step %d %s %s: %v", i, st.op, st.id, err)
+				}
+				checkInvariants(t, l)
+				if got := l.Load(w1r0); got != st.want {
+					t.Fatalf("step %d %s %s: Load = %+v, want %+v", i, st.op, st.id, got, st.want)
+				}
+			}
+		})
+	}
+	t.Run("freeing a whole worker after saturation leaves no load behind", func(t *testing.T) {
+		l := newTracking()
+		mustBook(t, l, Booking{ID: "a", Candidate: w1r0, PrefillTokens: maxU})
+		mustBook(t, l, Booking{ID: "b", Candidate: w1r0, PrefillTokens: maxU})
+		if n := len(l.FreeWorker(1)); n != 2 {
+			t.Fatalf("FreeWorker released %d bookings, want 2", n)
+		}
+		mustBook(t, l, Booking{ID: "c", Candidate: w1r0, PrefillTokens: 3})
+		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 3, ActiveRequests: 1})
+	})
+}

@@ -39,7 +39,8 @@ func checkInvariants(t testing.TB, l *Ledger) {
 		if r.c != c {
 			t.Fatalf("rank key %v holds %v", c, r.c)
 		}
-		var requests, prefill uint64
+		var requests uint64
+		var prefill wideSum
 		held := map[uint64]*holding{}
 		listed := map[int32]bool{}
 		for i := r.head; i >= 0; i = l.slots[i].next {
@@ -58,7 +59,7 @@ func checkInvariants(t testing.TB, l *Ledger) {
 			}
 			requests++
 			if !s.b.PrefillCompleted {
-				prefill += s.b.PrefillTokens
+				prefill.add(s.b.PrefillTokens)
 			}
 			if !l.track {
 				continue
@@ -77,7 +78,7 @@ func checkInvariants(t testing.TB, l *Ledger) {
 			}
 		}
 		if int(requests) != len(listed) || requests != r.requests || prefill != r.prefill {
-			t.Fatalf("%v: requests %d (listed %d, stored %d), prefill %d (stored %d)", c, requests, len(listed), r.requests, prefill, r.prefill)
+			t.Fatalf("%v: requests %d (listed %d, stored %d), prefill %+v (stored %+v)", c, requests, len(listed), r.requests, prefill, r.prefill)
 		}
 		if len(held) != r.blocks.n {
 			t.Fatalf("%v: %d distinct hashes, table holds %d", c, len(held), r.blocks.n)

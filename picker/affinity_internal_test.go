@@ -17,7 +17,7 @@ func TestSweepReservationsDropsLeasesOfVanishedBookings(t *testing.T) {
 		t.Fatal(err)
 	}
 	bs := uint32(4)
-	if _, err := s.UpsertWorker(context.Background(), WorkerRecord{WorkerID: 1, ModelName: "m", Endpoint: "e", BlockSize: &bs}, SourceAPI); err != nil {
+	if _, err := s.UpsertWorker(context.Background(), WorkerRecord{WorkerID: 1, ModelName: "m", Endpoint: "http://w1:8000", BlockSize: &bs}, SourceAPI); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"kept", "vanished"} {

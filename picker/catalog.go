@@ -2,12 +2,15 @@ package picker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
 	"math/rand/v2"
+	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvepp/kvepp/kvindex"
@@ -221,6 +224,7 @@ func (s *Service) applyLocked(rec WorkerRecord, source Source) (WorkerState, err
 	cur := p.view.Load()
 	wasActive := old != nil && old.state.Lifecycle == LifecycleSchedulable
 
+	rec.Taints = NormalizeTaints(rec.Taints)
 	e := &workerEntry{key: key, replay: rec.ReplayEndpoint}
 	reasons := s.staticReasons(&rec, e)
 
@@ -316,6 +320,8 @@ func (s *Service) applyLocked(rec WorkerRecord, source Source) (WorkerState, err
 func (s *Service) staticReasons(rec *WorkerRecord, e *workerEntry) (reasons []string) {
 	if rec.Endpoint == "" {
 		reasons = append(reasons, "endpoint is required")
+	} else if err := ValidateEndpoint(rec.Endpoint); err != nil {
+		reasons = append(reasons, err.Error())
 	}
 	if rec.BlockSize == nil || *rec.BlockSize == 0 {
 		reasons = append(reasons, "block_size must be greater than 0")
@@ -338,6 +344,7 @@ func (s *Service) staticReasons(rec *WorkerRecord, e *workerEntry) (reasons []st
 		e.size = size
 	}
 	sizeOK := e.size > 0
+	reasons = append(reasons, badRankKeyReasons(rec.KVEventsEndpoints)...)
 	if s.cfg.queueing() && rec.MaxNumBatchedTokens == nil {
 		reasons = append(reasons, "max_num_batched_tokens is required while queueing is enabled")
 	}
@@ -363,6 +370,74 @@ func (s *Service) staticReasons(rec *WorkerRecord, e *workerEntry) (reasons []st
 		}
 	}
 	return reasons
+}
+
+// ValidateEndpoint checks a worker endpoint (selection-service.md §4.1 "URL the caller contacts",
+// e.g. http://worker:8000): an absolute http or https URL with a non-empty host, an optional port
+// in 1..65535 (none means the scheme's default, so http://localhost is valid) and no surrounding
+// whitespace. The error is the not_schedulable reason `endpoint "<endpoint>" is invalid: <why>`.
+func ValidateEndpoint(endpoint string) error {
+	why := endpointProblem(endpoint)
+	if why == "" {
+		return nil
+	}
+	return fmt.Errorf("endpoint %q is invalid: %s", endpoint, why)
+}
+
+// endpointProblem returns why endpoint is not a usable worker URL, or "".
+func endpointProblem(endpoint string) string {
+	if strings.TrimSpace(endpoint) != endpoint {
+		return "it has leading or trailing whitespace"
+	}
+	if !strings.Contains(endpoint, "://") {
+		return "missing scheme (want http://host[:port] or https://host[:port])"
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // drop the "parse <url>:" prefix: the reason already names the endpoint
+		}
+		return "not a URL: " + err.Error()
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Sprintf("scheme %q is not http or https", u.Scheme)
+	case u.Opaque != "" || u.Host == "":
+		return "missing host (want " + u.Scheme + "://host[:port])"
+	case u.Hostname() == "":
+		return "empty host"
+	}
+	if strings.HasSuffix(u.Host, ":") {
+		return "empty port (omit the colon for the scheme's default port)"
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
+			return fmt.Sprintf("port %s is out of range 1..65535", p)
+		}
+	}
+	return ""
+}
+
+// badRankKeyReasons returns one not_schedulable reason per kv_events_endpoints key that is not a
+// global dp_rank (a decimal integer in 0..4294967295), in key order.
+func badRankKeyReasons(endpoints map[string]string) []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(endpoints)) {
+		if _, err := strconv.ParseUint(k, 10, 32); err != nil {
+			out = append(out, fmt.Sprintf("kv_events_endpoints key %q is not a dp_rank (want a decimal integer in 0..4294967295)", k))
+		}
+	}
+	return out
+}
+
+// NormalizeTaints returns taints as a set (§4.1 "set of string"): sorted, without duplicates. A
+// nil or empty input is returned unchanged; the input slice is not modified.
+func NormalizeTaints(taints []string) []string {
+	if len(taints) == 0 {
+		return taints
+	}
+	return slices.Compact(slices.Sorted(slices.Values(taints)))
 }
 
 // newIndex creates a partition index of block size bs: event-driven when KV events are on, else

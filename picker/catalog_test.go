@@ -109,6 +109,174 @@ func TestUpsertWorkerComputesSchedulabilityReasons(t *testing.T) {
 	}
 }
 
+func TestUpsertWorkerValidatesTheEndpoint(t *testing.T) {
+	cases := []struct {
+		name     string
+		endpoint string
+		reason   string // "" = schedulable
+	}{
+		{name: "an http URL with host and port is valid", endpoint: "http://10.0.0.10:8000"},
+		{name: "an http URL without a port is valid (port 80 implied)", endpoint: "http://localhost"},
+		{name: "an https URL with a base path is valid", endpoint: "https://worker.example:8443/v1"},
+		{name: "a bracketed IPv6 host is valid", endpoint: "http://[fd00::3]:8000"},
+		{name: "port 65535 is valid", endpoint: "http://w:65535"},
+		{name: "a unix socket URL is invalid", endpoint: "unix:///tmp/sock",
+			reason: `endpoint "unix:///tmp/sock" is invalid: scheme "unix" is not http or https`},
+		{name: "surrounding whitespace is invalid", endpoint: " http://10.0.0.10:80 ",
+			reason: `endpoint " http://10.0.0.10:80 " is invalid: it has leading or trailing whitespace`},
+		{name: "a trailing newline is invalid", endpoint: "http://10.0.0.10:80\n",
+			reason: `endpoint "http://10.0.0.10:80\n" is invalid: it has leading or trailing whitespace`},
+		{name: "a port above 65535 is invalid", endpoint: "http://10.0.0.9:99999",
+			reason: `endpoint "http://10.0.0.9:99999" is invalid: port 99999 is out of range 1..65535`},
+		{name: "port 0 is invalid", endpoint: "http://10.0.0.9:0",
+			reason: `endpoint "http://10.0.0.9:0" is invalid: port 0 is out of range 1..65535`},
+		{name: "an empty port after the colon is invalid", endpoint: "http://w:",
+			reason: `endpoint "http://w:" is invalid: empty port (omit the colon for the scheme's default port)`},
+		{name: "a host:port without scheme is invalid", endpoint: "x:1",
+			reason: `endpoint "x:1" is invalid: missing scheme (want http://host[:port] or https://host[:port])`},
+		{name: "a bare IP and port is invalid", endpoint: "10.0.0.1:8000",
+			reason: `endpoint "10.0.0.1:8000" is invalid: missing scheme (want http://host[:port] or https://host[:port])`},
+		{name: "a URL without host is invalid", endpoint: "http:///v1",
+			reason: `endpoint "http:///v1" is invalid: missing host (want http://host[:port])`},
+		{name: "a URL with only a port is invalid", endpoint: "http://:8000",
+			reason: `endpoint "http://:8000" is invalid: empty host`},
+		{name: "a non-numeric port is invalid", endpoint: "http://w:http",
+			reason: `endpoint "http://w:http" is invalid: not a URL: invalid port ":http" after host`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newService(t)
+			st := mustUpsert(t, s, worker(1, func(r *picker.WorkerRecord) { r.Endpoint = tc.endpoint }))
+			var want []string
+			wantLife := picker.LifecycleSchedulable
+			if tc.reason != "" {
+				want, wantLife = []string{tc.reason}, picker.LifecycleIncomplete
+			}
+			if st.Lifecycle != wantLife {
+				t.Errorf("lifecycle = %q, want %q", st.Lifecycle, wantLife)
+			}
+			if diff := cmp.Diff(want, st.NotSchedulableReasons); diff != "" {
+				t.Errorf("reasons (-want +got):\n%s", diff)
+			}
+			if st.Endpoint != tc.endpoint {
+				t.Errorf("stored endpoint %q, want it echoed unchanged as %q", st.Endpoint, tc.endpoint)
+			}
+			if err := picker.ValidateEndpoint(tc.endpoint); (err == nil) != (tc.reason == "") || (err != nil && err.Error() != tc.reason) {
+				t.Errorf("ValidateEndpoint = %v, want %q", err, tc.reason)
+			}
+		})
+	}
+	t.Run("a patch to an invalid endpoint makes a schedulable worker incomplete and a fix restores it", func(t *testing.T) {
+		s := newService(t)
+		mustUpsert(t, s, worker(1))
+		st, err := s.PatchWorker(ctxb(), 1, picker.WorkerPatch{Endpoint: strp("http://10.0.0.9:99999")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Lifecycle != picker.LifecycleIncomplete || !cmp.Equal(st.NotSchedulableReasons,
+			[]string{`endpoint "http://10.0.0.9:99999" is invalid: port 99999 is out of range 1..65535`}) {
+			t.Fatalf("after a bad patch: lifecycle %s, reasons %q", st.Lifecycle, st.NotSchedulableReasons)
+		}
+		if s.Ready().Ready {
+			t.Fatal("service is ready with only an unusable endpoint")
+		}
+		if _, err := s.Select(ctxb(), tokenReq(tokens(8))); picker.KindOf(err) != picker.KindNotReady {
+			t.Fatalf("Select routed to an unusable endpoint: err %v", err)
+		}
+		st, err = s.PatchWorker(ctxb(), 1, picker.WorkerPatch{Endpoint: strp("http://10.0.0.9:9999")})
+		if err != nil || st.Lifecycle != picker.LifecycleSchedulable {
+			t.Fatalf("after the fix: lifecycle %s, reasons %q, err %v", st.Lifecycle, st.NotSchedulableReasons, err)
+		}
+	})
+}
+
+func TestUpsertWorkerRejectsKVEventsEndpointKeysThatAreNotRanks(t *testing.T) {
+	cases := []struct {
+		name     string
+		kvEvents bool
+		keys     map[string]string
+		reasons  []string
+	}{
+		{name: "a non-numeric key keeps the worker incomplete naming the key", keys: map[string]string{"0": "tcp://w:1", "abc": "tcp://w:2"},
+			reasons: []string{`kv_events_endpoints key "abc" is not a dp_rank (want a decimal integer in 0..4294967295)`}},
+		{name: "a key past 2^32-1 keeps the worker incomplete naming the key", keys: map[string]string{"0": "tcp://w:1", "4294967296": "tcp://w:2"},
+			reasons: []string{`kv_events_endpoints key "4294967296" is not a dp_rank (want a decimal integer in 0..4294967295)`}},
+		{name: "every bad key is named once, in key order", keys: map[string]string{"0": "tcp://w:1", "-1": "tcp://w:2", " 1": "tcp://w:3"},
+			reasons: []string{
+				`kv_events_endpoints key " 1" is not a dp_rank (want a decimal integer in 0..4294967295)`,
+				`kv_events_endpoints key "-1" is not a dp_rank (want a decimal integer in 0..4294967295)`,
+			}},
+		{name: "with KV events on a bad key is reported next to the missing rank", kvEvents: true, keys: map[string]string{"zero": "tcp://w:1"},
+			reasons: []string{
+				`kv_events_endpoints key "zero" is not a dp_rank (want a decimal integer in 0..4294967295)`,
+				"kv_events endpoint is required for dp_rank 0",
+			}},
+		{name: "the largest rank is a valid key", keys: map[string]string{"0": "tcp://w:1", "4294967295": "tcp://w:2"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newService(t, func(c *picker.Config) {
+				if tc.kvEvents {
+					withEvents(pickertest.NewEventSource())(c)
+				}
+			})
+			st := mustUpsert(t, s, worker(1, func(r *picker.WorkerRecord) { r.KVEventsEndpoints = tc.keys }))
+			if diff := cmp.Diff(tc.reasons, st.NotSchedulableReasons); diff != "" {
+				t.Errorf("reasons (-want +got):\n%s", diff)
+			}
+			if wantSched := len(tc.reasons) == 0; (st.Lifecycle == picker.LifecycleSchedulable) != wantSched {
+				t.Errorf("lifecycle = %s", st.Lifecycle)
+			}
+		})
+	}
+}
+
+func TestTaintsAreStoredAsASortedSet(t *testing.T) {
+	cases := []struct {
+		name  string
+		in    []string
+		want  []string
+		patch bool
+	}{
+		{name: "a duplicated taint is stored once", in: []string{"a", "a"}, want: []string{"a"}},
+		{name: "taints are stored sorted", in: []string{"gpu", "fast", "gpu"}, want: []string{"fast", "gpu"}},
+		{name: "a patch dedupes taints too", in: []string{"z", "a", "z"}, want: []string{"a", "z"}, patch: true},
+		{name: "no taints stay absent", in: nil, want: nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newService(t)
+			in := slicesClone(tc.in)
+			var st picker.WorkerState
+			if tc.patch {
+				mustUpsert(t, s, worker(1))
+				var err error
+				if st, err = s.PatchWorker(ctxb(), 1, picker.WorkerPatch{Taints: in}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				st = mustUpsert(t, s, worker(1, func(r *picker.WorkerRecord) { r.Taints = in }))
+			}
+			if diff := cmp.Diff(tc.want, st.Taints); diff != "" {
+				t.Errorf("stored taints (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.want, s.Workers("", "")[0].Taints); diff != "" {
+				t.Errorf("listed taints (-want +got):\n%s", diff)
+			}
+			if !cmp.Equal(in, tc.in) {
+				t.Errorf("caller's slice modified: %q", in)
+			}
+		})
+	}
+}
+
+func slicesClone(s []string) []string {
+	if s == nil {
+		return nil
+	}
+	return append([]string(nil), s...)
+}
+
 func TestUpsertWorkerAttachesEveryRankWithItsEndpoint(t *testing.T) {
 	ev := pickertest.NewEventSource()
 	s := newService(t, withEvents(ev))

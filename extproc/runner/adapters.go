@@ -78,7 +78,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		return set, nil
 	case TokenizerProtocolLocal:
 	default:
-		return nil, fmt.Errorf("invalid DYN_EPP_TOKENIZER_PROTOCOL %q: not supported", cfg.EffectiveTokenizerProtocol())
+		return nil, fmt.Errorf("invalid %s %q: not supported", cfg.name("DYN_EPP_TOKENIZER_PROTOCOL"), cfg.EffectiveTokenizerProtocol())
 	}
 	load := func(setting, dir string) (*tokenizer.Tokenizer, error) {
 		t, err := loadedTokenizers.load(dir, log)
@@ -88,7 +88,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		return t, nil
 	}
 	if cfg.TokenizerDir != "" {
-		t, err := load("DYN_EPP_TOKENIZER_DIR", cfg.TokenizerDir)
+		t, err := load(cfg.name("DYN_EPP_TOKENIZER_DIR"), cfg.TokenizerDir)
 		if err != nil {
 			return nil, err
 		}
@@ -100,7 +100,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 	}
 	sort.Strings(models)
 	for _, m := range models {
-		t, err := load("DYN_EPP_TOKENIZERS["+strconv.Quote(m)+"]", cfg.Tokenizers[m])
+		t, err := load(cfg.name("DYN_EPP_TOKENIZERS")+"["+strconv.Quote(m)+"]", cfg.Tokenizers[m])
 		if err != nil {
 			return nil, err
 		}

@@ -170,9 +170,13 @@ type Config struct {
 	// LogLevel is the zerolog level: trace, debug, info, warn, error.
 	LogLevel string `env:"DYN_LOG" envDefault:"info" flag:"log-level" help:"log level: trace|debug|info|warn|error"`
 
-	// raw remembers the string each setting was read from, and loaded the formatted value it
-	// parsed to, so error messages quote the user's text while the value is unchanged.
+	// raw remembers the text each setting was read from (the environment, a flag or the
+	// default), and loaded the formatted field value it parsed to, so error messages quote the
+	// user's text while the field is unchanged.
 	raw, loaded map[string]string
+	// flags maps a setting's env name to "--flag" when a command-line flag gave its value, so
+	// errors name what the user typed.
+	flags map[string]string
 	// selectService marks a configuration for `epp select-service` (HTTP API only): the ext_proc,
 	// tokenizer and discovery settings are not checked.
 	selectService bool
@@ -240,6 +244,9 @@ type Millis time.Duration
 // UnmarshalText implements encoding.TextUnmarshaler.
 func (m *Millis) UnmarshalText(text []byte) error {
 	v, err := strconv.ParseInt(strings.TrimSpace(string(text)), 10, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		return errors.New("is too large")
+	}
 	if err != nil {
 		return errors.New("must be an integer number of milliseconds")
 	}
@@ -272,6 +279,12 @@ func (o *OptFloat) UnmarshalText(text []byte) error {
 		return nil
 	}
 	f, err := strconv.ParseFloat(s, 64)
+	if errors.Is(err, strconv.ErrRange) && !math.IsInf(f, 0) {
+		err = nil // underflow: the nearest float (0 or a denormal) is the value
+	}
+	if errors.Is(err, strconv.ErrRange) {
+		return errors.New("is out of range: must be a finite number")
+	}
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
 		return errors.New("must be a finite number")
 	}
@@ -324,19 +337,10 @@ func (m ModelDirs) String() string {
 var parserFuncs = map[reflect.Type]env.ParserFunc{
 	reflect.TypeOf(false): func(v string) (any, error) { return ParseBool(v) },
 	reflect.TypeOf(0): func(v string) (any, error) {
-		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 0)
-		if err != nil {
-			return nil, errors.New("must be an integer")
-		}
-		return int(n), nil
+		n, err := parseInteger(v, strconv.IntSize)
+		return int(n), err
 	},
-	reflect.TypeOf(int64(0)): func(v string) (any, error) {
-		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		if err != nil {
-			return nil, errors.New("must be an integer")
-		}
-		return n, nil
-	},
+	reflect.TypeOf(int64(0)): func(v string) (any, error) { return parseInteger(v, 64) },
 	reflect.TypeOf(0.0): func(v string) (any, error) {
 		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err != nil {
@@ -346,10 +350,24 @@ var parserFuncs = map[reflect.Type]env.ParserFunc{
 	},
 }
 
+// parseInteger parses a decimal integer setting of bits bits; an integer too large for it is
+// "out of range", anything else "must be an integer".
+func parseInteger(v string, bits int) (int64, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, bits)
+	if errors.Is(err, strconv.ErrRange) {
+		lo, hi := int64(math.MinInt64)>>(64-bits), int64(math.MaxInt64)>>(64-bits)
+		return 0, fmt.Errorf("is out of range: the integer must be in %d..%d", lo, hi)
+	}
+	if err != nil {
+		return 0, errors.New("must be an integer")
+	}
+	return n, nil
+}
+
 // DefaultConfig returns the configuration with every default applied and nothing read from the
 // process environment. It still needs a tokenizer (TokenizerDir) or UseKVEvents=false to validate.
 func DefaultConfig() Config {
-	cfg, err := parseEnv(map[string]string{})
+	cfg, err := parseEnv(map[string]string{}, nil)
 	if err != nil {
 		panic("runner: defaults do not parse: " + err.Error()) // a programming error in the tags
 	}
@@ -381,12 +399,14 @@ func loadConfig(environ []string, args []string, usage io.Writer, selectService 
 			}
 		}
 	}
+	var flags map[string]string
 	if !selectService {
-		if err := applyFlags(vars, args, usage); err != nil {
+		var err error
+		if flags, err = applyFlags(vars, args, usage); err != nil {
 			return Config{}, err
 		}
 	}
-	cfg, err := parseEnv(vars)
+	cfg, err := parseEnv(vars, flags)
 	if err != nil {
 		return Config{}, err
 	}
@@ -438,8 +458,9 @@ func (b boolFlag) Set(s string) error { *b.val = s; return nil }
 // IsBoolFlag lets the flag be given without a value ("--secure-serving" means true).
 func (b boolFlag) IsBoolFlag() bool { return true }
 
-// applyFlags parses args and copies every flag that was given into vars under its env name.
-func applyFlags(vars map[string]string, args []string, usage io.Writer) error {
+// applyFlags parses args and copies every flag that was given into vars under its env name. It
+// returns env name → "--flag" for the settings the flags gave.
+func applyFlags(vars map[string]string, args []string, usage io.Writer) (map[string]string, error) {
 	if usage == nil {
 		usage = os.Stderr
 	}
@@ -469,11 +490,12 @@ func applyFlags(vars map[string]string, args []string, usage io.Writer) error {
 	noReuse := new(string)
 	fs.Var(boolFlag{noReuse}, "no-router-assume-kv-reuse", "disable assume KV reuse (overrides the env value)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	given := map[string]string{}
 	var flagErr error
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "no-router-assume-kv-reuse" {
@@ -485,38 +507,51 @@ func applyFlags(vars map[string]string, args []string, usage io.Writer) error {
 			vars["DYN_ROUTER_ASSUME_KV_REUSE"] = strconv.FormatBool(!v)
 			return
 		}
-		vars[byFlag[f.Name].env] = *values[f.Name]
+		env := byFlag[f.Name].env
+		vars[env] = *values[f.Name]
+		given[env] = "--" + f.Name
 	})
-	return flagErr
+	return given, flagErr
 }
 
 // parseEnv fills a Config from vars (defaults for what is missing) without validating ranges.
-func parseEnv(vars map[string]string) (Config, error) {
+// flags (env name → "--flag", may be nil) records which settings came from flags.
+func parseEnv(vars, flags map[string]string) (Config, error) {
 	var cfg Config
-	raw := map[string]string{}
-	err := env.ParseWithOptions(&cfg, env.Options{
-		Environment: vars,
-		FuncMap:     parserFuncs,
-		OnSet: func(key string, value any, _ bool) {
-			if s, ok := value.(string); ok {
-				raw[key] = s
-			}
-		},
-	})
+	err := env.ParseWithOptions(&cfg, env.Options{Environment: vars, FuncMap: parserFuncs})
 	if err != nil {
-		return Config{}, renameParseErrors(err, raw, vars)
+		return Config{}, renameParseErrors(err, vars, flags)
 	}
-	cfg.raw = raw
+	cfg.raw = map[string]string{}
 	cfg.loaded = map[string]string{}
+	cfg.flags = flags
 	rv := reflect.ValueOf(cfg)
 	for _, f := range settingFields() {
+		if v := vars[f.env]; v != "" { // env treats an empty value as unset: the default applies
+			cfg.raw[f.env] = v
+		} else {
+			cfg.raw[f.env] = f.def
+		}
 		cfg.loaded[f.env] = fmt.Sprint(rv.FieldByName(f.field).Interface())
 	}
 	return cfg, nil
 }
 
-// renameParseErrors turns env's field-named errors into `invalid DYN_X "value": reason`.
-func renameParseErrors(err error, raw, vars map[string]string) error {
+// settingName names a setting in an error: `--flag (DYN_X)` when the flag in flags gave its
+// value, else `DYN_X`.
+func settingName(key string, flags map[string]string) string {
+	if f, ok := flags[key]; ok {
+		return f + " (" + key + ")"
+	}
+	return key
+}
+
+// name is settingName for this configuration's flags.
+func (c *Config) name(key string) string { return settingName(key, c.flags) }
+
+// renameParseErrors turns env's field-named errors into `invalid DYN_X "value": reason` (`invalid
+// --flag (DYN_X) "value": reason` when a flag gave the value).
+func renameParseErrors(err error, vars, flags map[string]string) error {
 	envOf := map[string]string{}
 	for _, s := range settingFields() {
 		envOf[s.field] = s.env
@@ -530,11 +565,7 @@ func renameParseErrors(err error, raw, vars map[string]string) error {
 		var pe env.ParseError
 		if errors.As(e, &pe) {
 			key := envOf[pe.Name]
-			val, ok := raw[key]
-			if !ok {
-				val = vars[key]
-			}
-			msgs = append(msgs, fmt.Sprintf("invalid %s %q: %v", key, val, pe.Err))
+			msgs = append(msgs, fmt.Sprintf("invalid %s %q: %v", settingName(key, flags), vars[key], pe.Err))
 			continue
 		}
 		msgs = append(msgs, e.Error())
@@ -542,18 +573,24 @@ func renameParseErrors(err error, raw, vars map[string]string) error {
 	return errors.New(strings.Join(msgs, "; "))
 }
 
-// rawOf returns the text a setting was read from (or its formatted value when unknown).
+// rawOf returns the text setting key was read from, as given (31536001, not 3.1536001e+07), while
+// its field still holds the value parsed from it; otherwise (a Config built or changed in code)
+// the formatted value v.
 func (c *Config) rawOf(key string, v any) string {
-	cur := fmt.Sprint(v)
-	if s, ok := c.raw[key]; ok && c.loaded[key] == cur {
-		return s
+	if s, ok := c.raw[key]; ok {
+		for _, f := range settingFields() {
+			if f.env == key && fmt.Sprint(reflect.ValueOf(*c).FieldByName(f.field).Interface()) == c.loaded[key] {
+				return s
+			}
+		}
 	}
-	return cur
+	return fmt.Sprint(v)
 }
 
-// invalid formats a validation error naming the setting.
+// invalid formats a validation error naming the setting (and its flag when a flag gave it) and
+// quoting its value as given: `invalid --block-size (DYN_KV_CACHE_BLOCK_SIZE) "0": must be > 0`.
 func (c *Config) invalid(key string, v any, format string, args ...any) error {
-	return fmt.Errorf("invalid %s %q: %s", key, c.rawOf(key, v), fmt.Sprintf(format, args...))
+	return fmt.Errorf("invalid %s %q: %s", c.name(key), c.rawOf(key, v), fmt.Sprintf(format, args...))
 }
 
 // Validate checks every setting and returns the first problem as an error naming the variable
@@ -583,7 +620,7 @@ func (c *Config) Validate() error {
 			return c.invalid(p.key, p.v, "must be a port in 0..65535")
 		}
 		if other, dup := seen[p.v]; dup && p.v != 0 {
-			return c.invalid(p.key, p.v, "port is already used by %s", other)
+			return c.invalid(p.key, p.v, "port is already used by %s", c.name(other))
 		}
 		seen[p.v] = p.key
 	}
@@ -748,9 +785,9 @@ func (c *Config) validateTokenizer() error {
 		if c.TokenizerDir == "" && len(c.Tokenizers) == 0 {
 			return c.invalid("DYN_EPP_TOKENIZER_DIR", c.TokenizerDir, "is required when DYN_EPP_TOKENIZER_PROTOCOL=local (or set DYN_EPP_TOKENIZERS)")
 		}
-		dirs := map[string]string{"DYN_EPP_TOKENIZER_DIR": c.TokenizerDir}
+		dirs := map[string]string{c.name("DYN_EPP_TOKENIZER_DIR"): c.TokenizerDir}
 		for model, dir := range c.Tokenizers {
-			dirs["DYN_EPP_TOKENIZERS["+model+"]"] = dir
+			dirs[c.name("DYN_EPP_TOKENIZERS")+"["+model+"]"] = dir
 		}
 		for key, dir := range dirs {
 			if dir == "" {
@@ -768,10 +805,10 @@ func (c *Config) validateTokenizer() error {
 		if c.TokenizerServiceURL == "" {
 			return c.invalid("DYN_EPP_TOKENIZER_SERVICE_URL", "", "is required when DYN_EPP_TOKENIZER_PROTOCOL=vllm-render")
 		}
-		return fmt.Errorf("invalid DYN_EPP_TOKENIZER_PROTOCOL %q: vllm-render is not supported yet; use local with DYN_EPP_TOKENIZER_DIR", TokenizerProtocolVLLMRender)
+		return fmt.Errorf("invalid %s %q: vllm-render is not supported yet; use local with DYN_EPP_TOKENIZER_DIR", c.name("DYN_EPP_TOKENIZER_PROTOCOL"), TokenizerProtocolVLLMRender)
 	case TokenizerProtocolNone:
 		if c.UseKVEvents {
-			return fmt.Errorf("invalid DYN_EPP_TOKENIZER_PROTOCOL %q: none is only allowed with DYN_ROUTER_USE_KV_EVENTS=false (set DYN_EPP_TOKENIZER_DIR for local tokenization)", TokenizerProtocolNone)
+			return fmt.Errorf("invalid %s %q: none is only allowed with DYN_ROUTER_USE_KV_EVENTS=false (set DYN_EPP_TOKENIZER_DIR for local tokenization)", c.name("DYN_EPP_TOKENIZER_PROTOCOL"), TokenizerProtocolNone)
 		}
 	default:
 		return c.invalid("DYN_EPP_TOKENIZER_PROTOCOL", c.TokenizerProtocol, "must be local, vllm-render or none")

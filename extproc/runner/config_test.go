@@ -4,10 +4,15 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/internal/sharedtest"
 )
 
@@ -183,7 +188,7 @@ func TestLoadConfigRejectsInvalidSettingsNamingThem(t *testing.T) {
 	}{
 		{"a zero block size", []string{tok, "DYN_KV_CACHE_BLOCK_SIZE=0"}, nil, `invalid DYN_KV_CACHE_BLOCK_SIZE "0": must be > 0`},
 		{"a non-numeric block size", []string{tok, "DYN_KV_CACHE_BLOCK_SIZE=sixteen"}, nil, `invalid DYN_KV_CACHE_BLOCK_SIZE "sixteen": must be an integer`},
-		{"a block size given by flag", []string{tok}, []string{"--block-size=-3"}, `invalid DYN_KV_CACHE_BLOCK_SIZE "-3": must be > 0`},
+		{"a block size given by flag", []string{tok}, []string{"--block-size=-3"}, `invalid --block-size (DYN_KV_CACHE_BLOCK_SIZE) "-3": must be > 0`},
 		{"an unparseable boolean", []string{tok, "DYN_ROUTER_USE_KV_EVENTS=maybe"}, nil, `invalid DYN_ROUTER_USE_KV_EVENTS "maybe": must be one of true, false, 1, 0, yes, no`},
 		{"an unparseable boolean alias", []string{tok, "DYN_SECURE_SERVING=t"}, nil, `invalid DYN_EPP_SECURE_SERVING "t"`},
 		{"a negative temperature", []string{tok, "DYN_ROUTER_TEMPERATURE=-1"}, nil, `invalid DYN_ROUTER_TEMPERATURE "-1": must be a finite number >= 0`},
@@ -228,6 +233,116 @@ func TestLoadConfigRejectsInvalidSettingsNamingThem(t *testing.T) {
 			_, err := LoadConfig(tc.env, tc.args, io.Discard)
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("error = %v, want it to contain %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestStartupErrorsNameTheSettingAsTheUserGaveIt checks the wording of startup errors: the value
+// is quoted as typed (not reformatted), an integer too large for its setting is "out of range"
+// (not "must be an integer"), and a value given by flag names the flag and its variable.
+func TestStartupErrorsNameTheSettingAsTheUserGaveIt(t *testing.T) {
+	tok := "DYN_EPP_TOKENIZER_DIR=" + sharedtest.Qwen3TokenizerDir(t)
+	tests := []struct {
+		name       string
+		env, args  []string
+		wantPrefix string
+		notWant    string
+	}{
+		{"a session affinity TTL one second too long is echoed as typed", []string{tok, "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS=31536001"}, nil,
+			`invalid DYN_ROUTER_SESSION_AFFINITY_TTL_SECS "31536001": must be a whole number of seconds in 1..31536000`, "e+07"},
+		{"a session affinity TTL in exponent form is echoed as typed", []string{tok, "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS=1e9"}, nil,
+			`invalid DYN_ROUTER_SESSION_AFFINITY_TTL_SECS "1e9": `, "e+09"},
+		{"a prune ratio written 1.0 is echoed as typed", []string{tok, "DYN_ROUTER_PRUNE_TARGET_RATIO=1.0"}, nil,
+			`invalid DYN_ROUTER_PRUNE_TARGET_RATIO "1.0": must be in (0, 1)`, ""},
+		{"a fractional whole-number setting is echoed as typed", []string{tok, "DYN_EPP_TOTAL_KV_BLOCKS=2.50"}, nil,
+			`invalid DYN_EPP_TOTAL_KV_BLOCKS "2.50": must be a whole number > 0`, ""},
+		{"a 20-digit body cap is out of range, not a non-integer", []string{tok, "DYN_EPP_MAX_REQUEST_BODY_BYTES=99999999999999999999"}, nil,
+			`invalid DYN_EPP_MAX_REQUEST_BODY_BYTES "99999999999999999999": is out of range`, "must be an integer"},
+		{"a 20-digit port is out of range, not a non-integer", []string{tok, "DYN_EPP_GRPC_PORT=-99999999999999999999"}, nil,
+			`invalid DYN_EPP_GRPC_PORT "-99999999999999999999": is out of range`, "must be an integer"},
+		{"a 20-digit tokenization timeout is too large, not a non-integer", []string{tok, "DYN_EPP_TOKENIZATION_TIMEOUT_MS=99999999999999999999"}, nil,
+			`invalid DYN_EPP_TOKENIZATION_TIMEOUT_MS "99999999999999999999": is too large`, "must be an integer"},
+		{"a queue threshold beyond float range is out of range", []string{tok, "DYN_ROUTER_QUEUE_THRESHOLD=1e400"}, nil,
+			`invalid DYN_ROUTER_QUEUE_THRESHOLD "1e400": is out of range`, ""},
+		{"a non-integer body cap still must be an integer", []string{tok, "DYN_EPP_MAX_REQUEST_BODY_BYTES=64MiB"}, nil,
+			`invalid DYN_EPP_MAX_REQUEST_BODY_BYTES "64MiB": must be an integer`, ""},
+		{"--block-size 0 names the flag and its variable", []string{tok}, []string{"--block-size", "0"},
+			`invalid --block-size (DYN_KV_CACHE_BLOCK_SIZE) "0": must be > 0`, ""},
+		{"a non-numeric --block-size names the flag and its variable", []string{tok}, []string{"--block-size", "x"},
+			`invalid --block-size (DYN_KV_CACHE_BLOCK_SIZE) "x": must be an integer`, ""},
+		{"--block-size overriding a valid variable names the flag", []string{tok, "DYN_KV_CACHE_BLOCK_SIZE=16"}, []string{"--block-size=0"},
+			`invalid --block-size (DYN_KV_CACHE_BLOCK_SIZE) "0": must be > 0`, ""},
+		{"DYN_KV_CACHE_BLOCK_SIZE=0 names only the variable", []string{tok, "DYN_KV_CACHE_BLOCK_SIZE=0"}, nil,
+			`invalid DYN_KV_CACHE_BLOCK_SIZE "0": must be > 0`, "--block-size"},
+		{"--session-affinity-ttl-secs names the flag and quotes it as typed", []string{tok}, []string{"--session-affinity-ttl-secs=31536001"},
+			`invalid --session-affinity-ttl-secs (DYN_ROUTER_SESSION_AFFINITY_TTL_SECS) "31536001": `, ""},
+		{"a port clash names the flag on both sides", []string{tok}, []string{"--grpc-port=9100", "--metrics-port=9100"},
+			`invalid --metrics-port (DYN_EPP_METRICS_PORT) "9100": port is already used by --grpc-port (DYN_EPP_GRPC_PORT)`, ""},
+		{"a missing --tokenizer-dir names the flag", nil, []string{"--tokenizer-dir=/nonexistent/tok"},
+			`invalid --tokenizer-dir (DYN_EPP_TOKENIZER_DIR) "/nonexistent/tok": `, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadConfig(tc.env, tc.args, io.Discard)
+			if err == nil || !strings.HasPrefix(err.Error(), tc.wantPrefix) {
+				t.Fatalf("error = %v, want it to start with %q", err, tc.wantPrefix)
+			}
+			if tc.notWant != "" && strings.Contains(err.Error(), tc.notWant) {
+				t.Fatalf("error %q contains %q", err, tc.notWant)
+			}
+		})
+	}
+}
+
+// TestPolicyErrorsNameOnlyTheSettingsGiven checks that a worker-selection policy error names
+// DYN_ROUTER_POLICY_CONFIG and DYN_ROUTER_WORKER_SELECTION_POLICY only when each is set (with the
+// flag when a flag set it), never an unset one with an empty value.
+func TestPolicyErrorsNameOnlyTheSettingsGiven(t *testing.T) {
+	tok := "DYN_EPP_TOKENIZER_DIR=" + sharedtest.Qwen3TokenizerDir(t)
+	dir := t.TempDir()
+	write := func(name, doc string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// bad loads but does not resolve (an instance of an unregistered type); unloadable fails
+	// its own validation.
+	bad := write("bad.yaml", "worker_selection:\n  instances:\n    - {name: x, type: no-such-type}\n")
+	unloadable := write("unloadable.yaml", "worker_selection:\n  default: missing\n")
+	tests := []struct {
+		name      string
+		env, args []string
+		want      string
+		notWant   []string
+	}{
+		{"a policy file whose default instance is missing names only the file", []string{tok, "DYN_ROUTER_POLICY_CONFIG=" + bad}, nil,
+			`invalid DYN_ROUTER_POLICY_CONFIG "` + bad + `": `, []string{"DYN_ROUTER_WORKER_SELECTION_POLICY", `""`}},
+		{"an unknown instance without a file names only the instance", []string{tok, "DYN_ROUTER_WORKER_SELECTION_POLICY=nope"}, nil,
+			`invalid DYN_ROUTER_WORKER_SELECTION_POLICY "nope": `, []string{"DYN_ROUTER_POLICY_CONFIG"}},
+		{"a policy file that fails validation names only the file", []string{tok, "DYN_ROUTER_POLICY_CONFIG=" + unloadable}, nil,
+			`invalid DYN_ROUTER_POLICY_CONFIG "` + unloadable + `": `, []string{"DYN_ROUTER_WORKER_SELECTION_POLICY"}},
+		{"a file and an instance that both were given are both named", []string{tok, "DYN_ROUTER_POLICY_CONFIG=" + bad, "DYN_ROUTER_WORKER_SELECTION_POLICY=nope"}, nil,
+			`invalid DYN_ROUTER_POLICY_CONFIG "` + bad + `" / DYN_ROUTER_WORKER_SELECTION_POLICY "nope": `, nil},
+		{"a policy file given by flag names the flag", []string{tok}, []string{"--router-policy-config=" + bad},
+			`invalid --router-policy-config (DYN_ROUTER_POLICY_CONFIG) "` + bad + `": `, []string{"DYN_ROUTER_WORKER_SELECTION_POLICY"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := LoadConfig(tc.env, tc.args, io.Discard)
+			if err != nil {
+				t.Fatalf("LoadConfig: %v", err)
+			}
+			_, err = pickerConfig(cfg, catalog.Builtins(), zerolog.Nop())
+			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Fatalf("error = %v, want it to start with %q", err, tc.want)
+			}
+			for _, nw := range tc.notWant {
+				if strings.Contains(err.Error(), nw) {
+					t.Fatalf("error %q contains %q", err, nw)
+				}
 			}
 		})
 	}

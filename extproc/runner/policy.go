@@ -2,6 +2,7 @@ package runner
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -24,24 +25,30 @@ func pickerConfig(cfg Config, registry *catalog.Registry, log zerolog.Logger) (p
 		pc.SessionAffinityTTL = time.Duration(cfg.SessionAffinityTTL.Value) * time.Second
 	}
 	var pol *catalog.Config
+	policyConfig := fmt.Sprintf("%s %q", cfg.name("DYN_ROUTER_POLICY_CONFIG"), cfg.PolicyConfig)
 	if cfg.PolicyConfig != "" {
 		c, err := catalog.LoadConfigFile(cfg.PolicyConfig)
 		if err != nil {
-			return picker.Config{}, fmt.Errorf("invalid DYN_ROUTER_POLICY_CONFIG %q: %w", cfg.PolicyConfig, err)
+			return picker.Config{}, fmt.Errorf("invalid %s: %w", policyConfig, err)
 		}
 		ps, err := c.QueueProfiles()
 		if err != nil {
-			return picker.Config{}, fmt.Errorf("invalid DYN_ROUTER_POLICY_CONFIG %q: %w", cfg.PolicyConfig, err)
+			return picker.Config{}, fmt.Errorf("invalid %s: %w", policyConfig, err)
 		}
 		pc.PolicyProfiles = ps
 		pol = c
 	}
 	res, err := catalog.Resolve(registry, pol, cfg.WorkerSelectionPolicy)
 	if err != nil {
+		// Name only the settings that were given (both when both were).
+		var named []string
 		if cfg.PolicyConfig != "" {
-			return picker.Config{}, fmt.Errorf("invalid DYN_ROUTER_POLICY_CONFIG %q / DYN_ROUTER_WORKER_SELECTION_POLICY %q: %w", cfg.PolicyConfig, cfg.WorkerSelectionPolicy, err)
+			named = append(named, policyConfig)
 		}
-		return picker.Config{}, fmt.Errorf("invalid DYN_ROUTER_WORKER_SELECTION_POLICY %q: %w", cfg.WorkerSelectionPolicy, err)
+		if cfg.WorkerSelectionPolicy != "" || cfg.PolicyConfig == "" {
+			named = append(named, fmt.Sprintf("%s %q", cfg.name("DYN_ROUTER_WORKER_SELECTION_POLICY"), cfg.WorkerSelectionPolicy))
+		}
+		return picker.Config{}, fmt.Errorf("invalid %s: %w", strings.Join(named, " / "), err)
 	}
 	if !res.Builtin {
 		pc.Policy = res.Factory

@@ -88,6 +88,44 @@ type Options struct {
 	Logger *zerolog.Logger
 	// WorkersFileDebounce overrides the workers-file event debounce (tests; default 200 ms).
 	WorkersFileDebounce time.Duration
+	// HTTPTimeouts bounds the connections of the selection side port and the metrics port; zero
+	// fields take DefaultHTTPTimeouts' values.
+	HTTPTimeouts HTTPTimeouts
+}
+
+// HTTPTimeouts bounds the connections of every HTTP server the runner starts (the selection side
+// port and the metrics port) so a slow or stalled client cannot hold a connection and its
+// goroutine: a request whose headers, or whole body, do not arrive in time is dropped, as is a
+// keep-alive connection idle for too long. Handler time after the body is read (a queued POST
+// /select) and response writing are not bounded.
+type HTTPTimeouts struct {
+	// ReadHeader bounds reading one request's headers (http.Server.ReadHeaderTimeout).
+	ReadHeader time.Duration
+	// Read bounds reading one whole request, headers and body (http.Server.ReadTimeout).
+	Read time.Duration
+	// Idle bounds the wait for the next request on a keep-alive connection (http.Server.IdleTimeout).
+	Idle time.Duration
+}
+
+// DefaultHTTPTimeouts returns the HTTP server bounds used where Options.HTTPTimeouts leaves a
+// field zero: 10 s for the headers, 30 s for the whole request, 120 s idle.
+func DefaultHTTPTimeouts() HTTPTimeouts {
+	return HTTPTimeouts{ReadHeader: 10 * time.Second, Read: 30 * time.Second, Idle: 120 * time.Second}
+}
+
+// withDefaults fills zero (or negative) fields from DefaultHTTPTimeouts.
+func (t HTTPTimeouts) withDefaults() HTTPTimeouts {
+	d := DefaultHTTPTimeouts()
+	if t.ReadHeader <= 0 {
+		t.ReadHeader = d.ReadHeader
+	}
+	if t.Read <= 0 {
+		t.Read = d.Read
+	}
+	if t.Idle <= 0 {
+		t.Idle = d.Idle
+	}
+	return t
 }
 
 // Addrs are the bound listener addresses ("host:port") of a running Instance.
@@ -232,19 +270,20 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	// 2. Metrics and health servers (NOT_SERVING).
 	inst.Metrics = prometheus.NewRegistry()
 	inst.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metricsLn, err := listen(cfg.BindAddress, cfg.MetricsPort, "DYN_EPP_METRICS_PORT")
+	metricsLn, err := listen(cfg.BindAddress, cfg.MetricsPort, cfg.name("DYN_EPP_METRICS_PORT"))
 	if err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(inst.Metrics, promhttp.HandlerOpts{Registry: inst.Metrics}))
-	inst.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	timeouts := opts.HTTPTimeouts.withDefaults()
+	inst.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: timeouts.ReadHeader, ReadTimeout: timeouts.Read, IdleTimeout: timeouts.Idle}
 	inst.addrs.Metrics = metricsLn.Addr().String()
 	go inst.serveHTTP(inst.metricsSrv, metricsLn, "metrics")
 	cleanups = append(cleanups, func() { _ = inst.metricsSrv.Close() })
 
 	inst.Health = extproc.NewHealth()
-	healthLn, err := listen(cfg.BindAddress, cfg.GRPCHealthPort, "DYN_EPP_GRPC_HEALTH_PORT")
+	healthLn, err := listen(cfg.BindAddress, cfg.GRPCHealthPort, cfg.name("DYN_EPP_GRPC_HEALTH_PORT"))
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +295,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 
 	// The ext_proc port is bound now, so a port conflict stops startup before the slow steps; it is
 	// served in step 6.
-	grpcLn, err := listen(cfg.BindAddress, cfg.GRPCPort, "DYN_EPP_GRPC_PORT")
+	grpcLn, err := listen(cfg.BindAddress, cfg.GRPCPort, cfg.name("DYN_EPP_GRPC_PORT"))
 	if err != nil {
 		return nil, err
 	}
@@ -287,13 +326,20 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	cleanups = append(cleanups, func() { runCancel(); <-inst.runDone })
 
 	// Selection side port.
-	selLn, err := listen(cfg.BindAddress, cfg.SelectionHTTPPort, "DYN_EPP_SELECTION_HTTP_PORT")
+	selLn, err := listen(cfg.BindAddress, cfg.SelectionHTTPPort, cfg.name("DYN_EPP_SELECTION_HTTP_PORT"))
 	if err != nil {
 		return nil, err
 	}
 	inst.httpSrv = &http.Server{
-		Handler:           httpapi.New(inst.Service, httpapi.Options{Logger: log.With().Str("component", "httpapi").Logger()}),
-		ReadHeaderTimeout: 10 * time.Second,
+		Handler: httpapi.New(inst.Service, httpapi.Options{
+			Logger: log.With().Str("component", "httpapi").Logger(),
+			// During the SIGTERM drain the side port answers as shut down (selection-service.md
+			// §2) while ext_proc keeps routing through the core (epp.md §9).
+			Draining: inst.Health.Draining,
+		}),
+		ReadHeaderTimeout: timeouts.ReadHeader,
+		ReadTimeout:       timeouts.Read,
+		IdleTimeout:       timeouts.Idle,
 	}
 	inst.addrs.Selection = selLn.Addr().String()
 	go inst.serveHTTP(inst.httpSrv, selLn, "selection")
@@ -313,11 +359,11 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 			Logger:   log,
 		}, inst.Service)
 		if err != nil {
-			return nil, fmt.Errorf("invalid DYN_EPP_WORKERS_FILE %q: %w", cfg.WorkersFile, err)
+			return nil, fmt.Errorf("invalid %s %q: %w", cfg.name("DYN_EPP_WORKERS_FILE"), cfg.WorkersFile, err)
 		}
 		// The source lives until Stop (runCtx), not just for startup.
 		if err := inst.discovery.Start(runCtx); err != nil {
-			return nil, fmt.Errorf("invalid DYN_EPP_WORKERS_FILE %q: %w", cfg.WorkersFile, err)
+			return nil, fmt.Errorf("invalid %s %q: %w", cfg.name("DYN_EPP_WORKERS_FILE"), cfg.WorkersFile, err)
 		}
 		cleanups = append(cleanups, func() { _ = inst.discovery.Close() })
 	}

@@ -197,6 +197,11 @@ func (t *Tokenizer) render(in *chatInput) (string, error) {
 	data[textVarName] = tmpl.texts
 	out, err := renderSafely(tmpl.tmpl, data)
 	if err != nil {
+		if errors.Is(err, errTemplatePanic) {
+			return "", err // an engine defect, not the client's fault
+		}
+		// The template raised (raise_exception) or failed over this request's content:
+		// vLLM answers 400.
 		return "", &RequestError{Msg: "chat template rendering failed", Err: err}
 	}
 	if in.continueFinal {
@@ -208,11 +213,16 @@ func (t *Tokenizer) render(in *chatInput) (string, error) {
 	return out, nil
 }
 
-// renderSafely turns a panic inside the template engine into an error: bad input never panics.
+// errTemplatePanic marks a panic inside the template engine: a server-side defect (502), unlike a
+// template error over the request (400).
+var errTemplatePanic = errors.New("chat template engine panicked")
+
+// renderSafely turns a panic inside the template engine into an error wrapping errTemplatePanic:
+// bad input never panics.
 func renderSafely(tmpl *jinja.Template, data map[string]jinja.Value) (out string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("template engine panic: %v", r)
+			err = fmt.Errorf("%w: %v", errTemplatePanic, r)
 		}
 	}()
 	return tmpl.RenderValues(data)
@@ -360,7 +370,9 @@ func contentTexts(c *jval, where string) ([]string, error) {
 			case typ != nil && typ.kind == jString:
 				f, ok := textPartTypes[typ.s]
 				if !ok {
-					return nil, fmt.Errorf("%w: %s[%d] has type %q (only text parts are tokenized locally)", ErrUnsupported, where, k, typ.s)
+					// vLLM answers 400 for a part a text-only model cannot take (image_url,
+					// input_audio, video_url, file …) and for unknown types alike.
+					return nil, badRequest("%s[%d] has type %q: only text content parts are accepted (text, input_text, output_text, refusal, thinking)", where, k, typ.s)
 				}
 				field = f
 			case typ == nil && p.get("text") != nil:

@@ -174,7 +174,7 @@ func TestRequestErrors(t *testing.T) {
 		{"a tool without a name is a bad request", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{}}]}`, ErrBadRequest},
 		{"chat_template_kwargs as a list is a bad request", chat, `{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]}`, ErrBadRequest},
 		{"both continue_final_message and add_generation_prompt is a bad request", chat, `{"messages":[{"role":"assistant","content":"x"}],"continue_final_message":true,"add_generation_prompt":true}`, ErrBadRequest},
-		{"an image part is unsupported, not a bad request", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, ErrUnsupported},
+		{"an image part is a bad request for a text-only tokenizer", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, ErrBadRequest},
 		{"a missing prompt is a bad request", comp, `{"model":"m"}`, ErrBadRequest},
 		{"an empty prompt list is a bad request", comp, `{"prompt":[]}`, ErrBadRequest},
 		{"a mixed prompt list is a bad request", comp, `{"prompt":["a",1]}`, ErrBadRequest},
@@ -198,6 +198,97 @@ func TestRequestErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMalformedChatFieldsAreClientErrors checks the fresh-user QA bodies: every chat field of the
+// wrong type or shape, invalid tool-call arguments and a content part a text-only model cannot
+// take fail with a *RequestError that reports BadRequest() (the marker extproc maps to 400
+// invalid_request_error, epp.md §5.3, §8), never with ErrUnsupported or a plain error (502).
+func TestMalformedChatFieldsAreClientErrors(t *testing.T) {
+	tk := qwen3(t)
+	const user = `{"role":"user","content":"hi"}`
+	body := func(fields string) []byte {
+		return []byte(`{"model":"Qwen/Qwen3-0.6B",` + fields + `}`)
+	}
+	tests := []struct{ name, fields, wantInMsg string }{
+		{"a number in messages", `"messages":[1]`, "messages[0] is number"},
+		{"an empty message object", `"messages":[{}]`, "messages[0].role is missing"},
+		{"a numeric role", `"messages":[{"role":5,"content":"hi"}]`, "messages[0].role is number"},
+		{"a numeric content", `"messages":[{"role":"user","content":5}]`, "messages[0].content is number"},
+		{"an object content", `"messages":[{"role":"user","content":{}}]`, "messages[0].content is object"},
+		{"tools that are not a list", `"messages":[` + user + `],"tools":"notalist"`, "tools is string"},
+		{"chat_template_kwargs that are not an object", `"messages":[` + user + `],"chat_template_kwargs":"x"`, "chat_template_kwargs is string"},
+		{"add_generation_prompt that is not a boolean", `"messages":[` + user + `],"add_generation_prompt":"yes"`, "add_generation_prompt is string"},
+		{"tool-call arguments that are not JSON", `"messages":[` + user + `,{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{not json"}}]}]`, "arguments is not valid JSON"},
+		{"an image_url content part", `"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]`, `has type "image_url"`},
+		{"an input_audio content part", `"messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"input_audio","input_audio":{"data":"AA==","format":"wav"}}]}]`, `has type "input_audio"`},
+		{"an unknown content part type", `"messages":[{"role":"user","content":[{"type":"hologram"}]}]`, `has type "hologram"`},
+	}
+	for _, tc := range tests {
+		for _, path := range []struct {
+			name string
+			fn   func([]byte) error
+		}{
+			{"TokenizeChat", func(b []byte) error { _, err := tk.TokenizeChat(b); return err }},
+			{"RenderChat", func(b []byte) error { _, err := tk.RenderChat(b); return err }},
+		} {
+			t.Run(path.name+" rejects "+tc.name+" as a client error", func(t *testing.T) {
+				err := path.fn(body(tc.fields))
+				var re *RequestError
+				if !errors.As(err, &re) || !errors.Is(err, ErrBadRequest) {
+					t.Fatalf("err = %v (%T), want a *RequestError", err, err)
+				}
+				var br interface{ BadRequest() bool }
+				if !errors.As(err, &br) || !br.BadRequest() {
+					t.Fatalf("err %v does not report BadRequest()", err)
+				}
+				if errors.Is(err, ErrUnsupported) {
+					t.Fatalf("err %v is ErrUnsupported, a server-side error", err)
+				}
+				if !strings.Contains(err.Error(), tc.wantInMsg) {
+					t.Fatalf("err %q does not name the problem %q", err, tc.wantInMsg)
+				}
+			})
+		}
+	}
+}
+
+// TestTemplateErrorsOverTheRequestAreClientErrors checks that a template raising over the request
+// (transformers' raise_exception, e.g. a role the template refuses) is a *RequestError carrying the
+// template's message, while a panic inside the engine is a server-side error.
+func TestTemplateErrorsOverTheRequestAreClientErrors(t *testing.T) {
+	cc, err := parseChatConfig([]byte(`{"chat_template":"{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('Conversation roles must be user or assistant') }}{% endif %}{{ m.content }}{% endfor %}"}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk := &Tokenizer{chat: cc}
+	t.Run("a role the template refuses is a bad request naming the template's message", func(t *testing.T) {
+		_, err := tk.RenderChat([]byte(`{"messages":[{"role":"system","content":"s"}]}`))
+		var re *RequestError
+		if !errors.As(err, &re) || !re.BadRequest() {
+			t.Fatalf("err = %v (%T), want a *RequestError", err, err)
+		}
+		if !strings.Contains(err.Error(), "Conversation roles must be user or assistant") {
+			t.Fatalf("err %q lacks the template's message", err)
+		}
+	})
+	t.Run("a role the template accepts renders", func(t *testing.T) {
+		got, err := tk.RenderChat([]byte(`{"messages":[{"role":"user","content":"u"}]}`))
+		if err != nil || got != "u" {
+			t.Fatalf("got %q, %v", got, err)
+		}
+	})
+	t.Run("a panic inside the template engine is a server-side error", func(t *testing.T) {
+		tmpl, err := jinja.Compile("{{ boom() }}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		boom := jinja.NewCallable("boom", func([]jinja.Value, map[string]jinja.Value) (jinja.Value, error) { panic("engine defect") })
+		_, err = renderSafely(tmpl, map[string]jinja.Value{"boom": boom})
+		if !errors.Is(err, errTemplatePanic) || errors.Is(err, ErrBadRequest) {
+			t.Fatalf("err = %v, want errTemplatePanic and not a bad request", err)
+		}
+	})
 }
 
 // TestCompletionPromptForms checks every prompt shape of epp.md §5.3.

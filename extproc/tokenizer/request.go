@@ -16,9 +16,14 @@ var ErrBadRequest = errors.New("bad request")
 // pick (epp.md §5.4, §5.7).
 var ErrStateful = errors.New("stateful responses request (previous_response_id) cannot be tokenized locally")
 
-// RequestError describes a malformed request body (epp.md §5.3: not JSON, not an object, model
-// not a string, prompt field missing or of the wrong type, invalid tool-call arguments, a
-// template that raises). It matches ErrBadRequest with errors.Is; Err, when set, is the cause.
+// RequestError describes a request the client got wrong (epp.md §5.3, §8: 400
+// invalid_request_error, as vLLM answers): not JSON, not an object, model not a string, a prompt
+// field missing or of the wrong type (messages, a message or its role/content, tools,
+// chat_template_kwargs, add_generation_prompt …), invalid tool-call arguments, a content part
+// this text-only tokenizer cannot take (image_url, input_audio, an unknown type), or a chat
+// template that raises over the request (raise_exception). It matches ErrBadRequest with
+// errors.Is and reports BadRequest() == true, which is how extproc.ClassifyTokenizerError
+// recognises a client error; Err, when set, is the cause.
 type RequestError struct {
 	Msg string
 	Err error
@@ -37,6 +42,10 @@ func (e *RequestError) Unwrap() error { return e.Err }
 
 // Is reports whether target is ErrBadRequest.
 func (e *RequestError) Is(target error) bool { return target == ErrBadRequest }
+
+// BadRequest reports true: the request, not the tokenizer, is at fault (the 400 marker that
+// extproc.ClassifyTokenizerError looks for, epp.md §8).
+func (e *RequestError) BadRequest() bool { return true }
 
 func badRequest(format string, args ...any) *RequestError {
 	return &RequestError{Msg: fmt.Sprintf(format, args...)}
@@ -115,8 +124,9 @@ func chatInputFromBody(obj *jval) (*chatInput, bool, error) {
 // model's chat template and returns the prompt text: messages preprocessed as vLLM does, tools
 // when given, add_generation_prompt (default true; false with continue_final_message),
 // chat_template_kwargs merged, bos_token/eos_token. Errors: *RequestError (ErrBadRequest) for a
-// malformed body or a template that raises; ErrUnsupported for non-text content parts;
-// ErrNoChatTemplate when the model has none.
+// malformed body, a non-text content part or a template that raises over the request;
+// ErrNoChatTemplate when the model has none; any other error (a template engine failure) is
+// server-side.
 func (t *Tokenizer) RenderChat(body []byte) (string, error) {
 	obj, err := parseBody(body)
 	if err != nil {

@@ -53,9 +53,10 @@ type Defaults struct {
 // schema (selection-service.md §4.1), parsed with sigs.k8s.io/yaml. Unknown fields are rejected so a
 // misspelt key is an error rather than a silently incomplete worker; every record needs worker_id
 // and ids must be unique. Defaults fill block_size, model_name, max_num_batched_tokens and
-// total_kv_blocks where omitted. An empty (or
-// whitespace-only) document is an error: write [] to remove every worker. Errors name the record by
-// position (0-based) and worker_id.
+// total_kv_blocks where omitted. Only an explicit empty list ([] in YAML or JSON) means "no
+// workers": an empty or whitespace-only file, and a document that decodes to nothing (only
+// comments, only "---" separators, null or ~), are errors, so a truncated or half-written file
+// never deletes the catalog. Errors name the record by position (0-based) and worker_id.
 func ParseWorkers(data []byte, d Defaults) ([]picker.WorkerRecord, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, errors.New("workers file is empty (write [] for no workers)")
@@ -63,6 +64,9 @@ func ParseWorkers(data []byte, d Defaults) ([]picker.WorkerRecord, error) {
 	js, err := yaml.YAMLToJSON(data)
 	if err != nil {
 		return nil, fmt.Errorf("workers file is not valid YAML or JSON: %w", err)
+	}
+	if t := bytes.TrimSpace(js); len(t) == 0 || bytes.Equal(t, []byte("null")) {
+		return nil, errors.New("workers file has no worker list: it holds only comments, document separators or null (write [] for no workers)")
 	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(js, &items); err != nil {
@@ -406,8 +410,9 @@ func (s *FileSource) apply(ctx context.Context, recs []picker.WorkerRecord) erro
 	return nil
 }
 
-// sameRecord compares two records by their JSON form after filling the partition defaults, so a
-// catalog that normalizes "" to "default" or drops empty maps does not look changed.
+// sameRecord compares two records by their JSON form after filling the partition defaults and
+// normalizing taints to a sorted set, so a catalog that normalizes "" to "default", stores taints
+// sorted without duplicates or drops empty maps does not look changed.
 func sameRecord(a, b picker.WorkerRecord) bool {
 	norm := func(r picker.WorkerRecord) []byte {
 		if r.ModelName == "" {
@@ -416,6 +421,7 @@ func sameRecord(a, b picker.WorkerRecord) bool {
 		if r.RoutingGroup == "" {
 			r.RoutingGroup = picker.DefaultPartitionName
 		}
+		r.Taints = picker.NormalizeTaints(r.Taints)
 		b, _ := json.Marshal(r)
 		return b
 	}

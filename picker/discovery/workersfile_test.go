@@ -22,8 +22,10 @@ type fakeCatalog struct {
 	workers  map[uint64]picker.WorkerRecord
 	sources  map[uint64]picker.Source
 	failWith error // returned by UpsertWorker while non-nil
-	upserts  int
-	deletes  int
+	// normalizeTaints stores taints as a sorted set, as picker.Service does.
+	normalizeTaints bool
+	upserts         int
+	deletes         int
 }
 
 func newFakeCatalog() *fakeCatalog {
@@ -42,6 +44,9 @@ func (f *fakeCatalog) UpsertWorker(_ context.Context, rec picker.WorkerRecord, s
 	}
 	if rec.RoutingGroup == "" {
 		rec.RoutingGroup = picker.DefaultPartitionName
+	}
+	if f.normalizeTaints {
+		rec.Taints = picker.NormalizeTaints(rec.Taints)
 	}
 	f.workers[rec.WorkerID] = rec
 	f.sources[rec.WorkerID] = src
@@ -136,6 +141,12 @@ func TestParseWorkers(t *testing.T) {
 			want: []picker.WorkerRecord{{WorkerID: 4, ModelName: "m", BlockSize: u32(8), MaxNumBatchedTokens: u64(100), TotalKVBlocks: u64(9)}},
 		},
 		{name: "an empty file is rejected", in: "  \n", wantErr: "workers file is empty"},
+		{name: "a comment-only file is rejected like an empty one", in: "# all workers go here\n# none yet\n", wantErr: "workers file has no worker list"},
+		{name: "a file of document separators only is rejected", in: "---\n# nothing\n---\n", wantErr: "workers file has no worker list"},
+		{name: "an explicit null document is rejected", in: "null\n", wantErr: "workers file has no worker list"},
+		{name: "a YAML tilde null is rejected", in: "~", wantErr: "write [] for no workers"},
+		{name: "an explicit empty list after a separator and comments means no workers", in: "# drained\n---\n[]\n", want: []picker.WorkerRecord{}},
+		{name: "an explicit empty JSON list with whitespace means no workers", in: " [ ] \n", want: []picker.WorkerRecord{}},
 		{name: "a mapping at the top level is rejected", in: "worker_id: 1", wantErr: "must be a list of worker records"},
 		{name: "a record that is not an object is rejected", in: "- 5", wantErr: "worker record 0: must be an object"},
 		{name: "a record without worker_id is rejected", in: "- endpoint: http://a:1", wantErr: "worker record 0: worker_id is required"},
@@ -318,6 +329,45 @@ func TestFileSource(t *testing.T) {
 		h.waitEndpoints(map[uint64]string{1: "http://127.0.0.1:8001"})
 	})
 
+	for _, doc := range []struct{ what, content string }{
+		{"a comment-only file", "# workers are being rewritten\n"},
+		{"a file of separators only", "---\n---\n"},
+		{"a null document", "null\n"},
+		{"an empty file", ""},
+	} {
+		t.Run(doc.what+" keeps every file-registered worker, is counted and is logged", func(t *testing.T) {
+			h := newHarness(t, twoWorkers)
+			h.start()
+			h.write(doc.content)
+			h.waitFor("the invalid file to be counted", func() bool { return h.src.Stats().InvalidFiles > 0 })
+			if diff := cmp.Diff(map[uint64]string{1: "http://127.0.0.1:8001", 2: "http://127.0.0.1:8002"}, h.cat.endpoints()); diff != "" {
+				t.Fatalf("catalog changed by %s (-want +got):\n%s", doc.what, diff)
+			}
+			if _, del := h.cat.counts(); del != 0 {
+				t.Fatalf("%s deleted %d workers", doc.what, del)
+			}
+			if st := h.src.Stats(); st.Workers != 2 {
+				t.Fatalf("source owns %d workers after %s, want 2", st.Workers, doc.what)
+			}
+			if !strings.Contains(h.logs.String(), "write [] for no workers") {
+				t.Fatalf("no log explaining the refusal:\n%s", h.logs.String())
+			}
+			h.write("[]")
+			h.waitEndpoints(map[uint64]string{})
+		})
+	}
+
+	t.Run("reordered or duplicated taints in the file are not re-upserted on every rewrite", func(t *testing.T) {
+		h := newHarness(t, "- worker_id: 1\n  endpoint: http://127.0.0.1:8001\n  taints: [b, a, b]\n")
+		h.cat.normalizeTaints = true
+		h.start()
+		h.write("- worker_id: 1\n  endpoint: http://127.0.0.1:8001\n  taints: [b, a, b]\n- worker_id: 2\n  endpoint: http://127.0.0.1:8002\n")
+		h.waitEndpoints(map[uint64]string{1: "http://127.0.0.1:8001", 2: "http://127.0.0.1:8002"})
+		if up, _ := h.cat.counts(); up != 2 {
+			t.Fatalf("upserts = %d, want 2 (worker 1 is unchanged up to taint order)", up)
+		}
+	})
+
 	t.Run("a failed apply is retried after the retry interval", func(t *testing.T) {
 		h := newHarness(t, twoWorkers)
 		h.start()
@@ -370,6 +420,7 @@ func TestFileSourceStartErrors(t *testing.T) {
 	}{
 		{name: "a missing file stops startup", wantErr: "read workers file"},
 		{name: "an invalid file stops startup", content: ptr("- nope: 1"), wantErr: "worker_id is required"},
+		{name: "a comment-only file stops startup", content: ptr("# to be filled in\n"), wantErr: "workers file has no worker list"},
 		{name: "a failed initial apply stops startup naming the worker", content: ptr(twoWorkers), fail: errors.New("policy cannot be evaluated"), wantErr: "upsert worker 1: policy cannot be evaluated"},
 	}
 	for _, tc := range tests {

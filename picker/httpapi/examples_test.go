@@ -378,7 +378,7 @@ func TestSpecSelectionExamples(t *testing.T) {
 		e := newEnv(t)
 		e.worker(1, "")
 		for _, bad := range []string{`[4294967296]`, `[-1]`, `[1.5]`, `["1"]`, `[1e3]`, `{"a":1}`, `7`, `[[1]]`, `[1,null]`} {
-			e.fails(422, "invalid type", "POST", "/select", `{"model_name":"model","token_ids":`+bad+`}`)
+			e.fails(422, "token_ids: expected an array of integers", "POST", "/select", `{"model_name":"model","token_ids":`+bad+`}`)
 		}
 		v := obj(t, e.ok(200, "POST", "/select_and_reserve", `{"model_name":"model","token_ids":[ 1 ,2,	3
 			, 4294967295 ]}`))
@@ -397,8 +397,8 @@ func TestSpecSelectionExamples(t *testing.T) {
 				t.Errorf("%s text/plain = %d %s", route, st, raw)
 			}
 			e.fails(400, "malformed JSON", "POST", route, `{"model_name":`)
-			e.fails(422, "invalid type", "POST", route, `{"model_name":5}`)
-			e.fails(422, "invalid JSON body", "POST", route, `[1]`)
+			e.fails(422, "model_name: expected a string", "POST", route, `{"model_name":5}`)
+			e.fails(422, "request body: expected an object", "POST", route, `[1]`)
 			e.fails(405, "method not allowed", "PUT", route, `{}`)
 		}
 		e.fails(404, "route not found", "GET", "/reservations/x/y/z", "")

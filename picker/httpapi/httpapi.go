@@ -10,10 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"mime"
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -77,6 +79,15 @@ type Options struct {
 	// Nil means replica sync is disabled: GET /replica_sync/peers answers [] and register /
 	// deregister answer 409 "replica sync is disabled" (after body validation).
 	Replica ReplicaPeers
+	// Draining, when non-nil, is consulted on every request: while it returns true the side port
+	// answers as after shutdown began (selection-service.md §2) without the core being shut down —
+	// the EPP's SIGTERM drain window, in which the in-process ext_proc path keeps routing (epp.md
+	// §9). Selecting and mutating calls (POST /workers, PATCH /workers/{id}, /select,
+	// /select_and_reserve, /reservations and its lifecycle routes, /potential_loads,
+	// /overlap_scores) answer 503 "selection service is shutting down" and GET /ready answers 503
+	// with ready false; DELETE /workers/{id}, GET /workers, GET /loads, GET /health and GET /dump
+	// keep working. Nil means never draining (only the core's own shutdown counts).
+	Draining func() bool
 }
 
 // ReplicaPeers is the dynamic replica-sync peer membership (selection-service.md §15.5), provided
@@ -94,15 +105,16 @@ type ReplicaPeers interface {
 
 // Handler is the selection API's http.Handler.
 type Handler struct {
-	core    Core
-	log     zerolog.Logger
-	maxBody int64
-	replica ReplicaPeers
+	core     Core
+	log      zerolog.Logger
+	maxBody  int64
+	replica  ReplicaPeers
+	draining func() bool
 }
 
 // New returns the HTTP handler of the selection API over core.
 func New(core Core, opts Options) *Handler {
-	h := &Handler{core: core, log: opts.Logger, maxBody: opts.MaxBodyBytes, replica: opts.Replica}
+	h := &Handler{core: core, log: opts.Logger, maxBody: opts.MaxBodyBytes, replica: opts.Replica, draining: opts.Draining}
 	if h.maxBody <= 0 {
 		h.maxBody = DefaultMaxBodyBytes
 	}
@@ -142,7 +154,8 @@ type statusBody struct {
 var okBody = statusBody{Status: "ok"}
 
 // ServeHTTP routes the request (§2.2): unknown paths are 404 {"error":"route not found"}, a
-// known path with another method is 405 {"error":"method not allowed"}.
+// known path with another method is 405 {"error":"method not allowed"} with an Allow header.
+// HEAD is served wherever GET is (headers only).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	segs := splitPath(r.URL.EscapedPath())
 	switch {
@@ -219,6 +232,19 @@ func (h *Handler) method(w http.ResponseWriter, r *http.Request, byMethod map[st
 		f(w, r)
 		return
 	}
+	if f, ok := byMethod[http.MethodGet]; ok && r.Method == http.MethodHead {
+		f(w, r) // net/http discards the body of a HEAD response
+		return
+	}
+	allowed := make([]string, 0, len(byMethod)+1)
+	for m := range byMethod {
+		allowed = append(allowed, m)
+		if m == http.MethodGet {
+			allowed = append(allowed, http.MethodHead)
+		}
+	}
+	slices.Sort(allowed)
+	w.Header().Set("Allow", strings.Join(allowed, ", "))
 	writeError(w, http.StatusMethodNotAllowed, "method not allowed")
 }
 
@@ -293,7 +319,7 @@ func (h *Handler) decodeBody(w http.ResponseWriter, r *http.Request, v any, allo
 			writeError(w, http.StatusBadRequest, "malformed JSON: "+err.Error())
 			return false
 		}
-		writeError(w, http.StatusUnprocessableEntity, schemaMessage(err))
+		writeError(w, http.StatusUnprocessableEntity, schemaMessage(reflect.TypeOf(v), err))
 		return false
 	}
 	return true
@@ -308,20 +334,142 @@ func isJSON(ct string) bool {
 	return err == nil && mt == "application/json"
 }
 
-// schemaMessage renders a decoding error of well-formed JSON (422).
-func schemaMessage(err error) string {
+// schemaMessage renders a decoding error of well-formed JSON into a body of type root (422) in
+// JSON terms only — the field's JSON path and the expected JSON type, never Go type names:
+// "token_ids: expected an array of integers in [0, 4294967295], got JSON number -1",
+// "request body: expected an object, got JSON array".
+func schemaMessage(root reflect.Type, err error) string {
 	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		want := te.Type.String()
-		if te.Type == reflect.TypeFor[Hash]() {
-			want = "an integer hash in [-2^63, 2^64-1]"
-		}
-		if te.Field != "" {
-			return fmt.Sprintf("invalid type for field `%s`: got JSON %s, want %s", te.Field, te.Value, want)
-		}
-		return fmt.Sprintf("invalid JSON body: got JSON %s, want %s", te.Value, want)
+	if !errors.As(err, &te) {
+		return "invalid JSON body: " + err.Error()
 	}
-	return "invalid JSON body: " + err.Error()
+	path, declared := resolveField(root, te.Field)
+	if declared == nil {
+		declared = te.Type
+	}
+	if path == "" {
+		path = "request body"
+	}
+	msg := path + ": expected " + describeJSON(declared, false)
+	if te.Value != "" {
+		msg += ", got JSON " + te.Value
+	}
+	return msg
+}
+
+// resolveField walks a decoder error's Go field path ("promptBody.token_ids",
+// "WorkerRecord.block_size", "block_mm_infos.mm_objects.mm_hash") through root, dropping the
+// names of embedded structs (which are not JSON fields) and stepping into arrays, pointers and
+// map values. It returns the JSON path and the field's declared type; the type is nil when a
+// segment cannot be resolved (the path is then the segments seen so far plus the rest as written,
+// minus embedded names it could recognize).
+func resolveField(root reflect.Type, field string) (string, reflect.Type) {
+	if field == "" {
+		return "", root
+	}
+	t := root
+	var names []string
+	for _, seg := range strings.Split(field, ".") {
+		t = elemType(t)
+		switch {
+		case t != nil && t.Kind() == reflect.Map:
+			names = append(names, seg)
+			t = t.Elem()
+		case t != nil && t.Kind() == reflect.Struct:
+			jsonType, embedded := structField(t, seg)
+			switch {
+			case jsonType != nil:
+				names = append(names, seg)
+				t = jsonType
+			case embedded != nil:
+				t = embedded
+			default:
+				names = append(names, seg)
+				t = nil
+			}
+		default:
+			names = append(names, seg)
+			t = nil
+		}
+	}
+	return strings.Join(names, "."), t
+}
+
+// elemType strips pointers and array/slice layers: the type a nested JSON field belongs to.
+func elemType(t reflect.Type) reflect.Type {
+	for t != nil && (t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+		t = t.Elem()
+	}
+	return t
+}
+
+// structField finds name in struct t: jsonType is the type of the field whose JSON name is name
+// (looking through embedded structs), embedded the type of an embedded struct whose Go name is
+// name (the decoder lists those in its paths).
+func structField(t reflect.Type, name string) (jsonType, embedded reflect.Type) {
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if tag == "-" {
+			continue
+		}
+		jname, _, _ := strings.Cut(tag, ",")
+		if f.Anonymous && jname == "" {
+			if f.Name == name {
+				embedded = f.Type
+			}
+			if jt, _ := structField(elemType(f.Type), name); jt != nil {
+				return jt, nil
+			}
+			continue
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if jname == "" {
+			jname = f.Name
+		}
+		if jname == name || (jsonType == nil && strings.EqualFold(jname, name)) {
+			jsonType = f.Type
+		}
+	}
+	return jsonType, embedded
+}
+
+// describeJSON names the JSON shape that decodes into t ("an array of integers in [0, 255]"),
+// plural for array and object elements ("integers in [0, 255]").
+func describeJSON(t reflect.Type, plural bool) string {
+	pick := func(one, many string) string {
+		if plural {
+			return many
+		}
+		return one
+	}
+	if t == reflect.TypeFor[Hash]() {
+		return pick("an integer hash in [-2^63, 2^64-1]", "integer hashes in [-2^63, 2^64-1]")
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		return describeJSON(t.Elem(), plural)
+	case reflect.String:
+		return pick("a string", "strings")
+	case reflect.Bool:
+		return pick("a boolean", "booleans")
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return pick("an integer", "integers") + fmt.Sprintf(" in [0, %d]", uint64(math.MaxUint64)>>(64-t.Bits()))
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		hi := int64(math.MaxInt64) >> (64 - t.Bits())
+		return pick("an integer", "integers") + fmt.Sprintf(" in [%d, %d]", -hi-1, hi)
+	case reflect.Float32, reflect.Float64:
+		return pick("a number", "numbers")
+	case reflect.Slice, reflect.Array:
+		return pick("an array of ", "arrays of ") + describeJSON(t.Elem(), true)
+	case reflect.Map:
+		return pick("an object of ", "objects of ") + describeJSON(t.Elem(), true)
+	case reflect.Struct:
+		return pick("an object", "objects")
+	}
+	return pick("a JSON value", "JSON values")
 }
 
 func (h *Handler) health(w http.ResponseWriter, _ *http.Request) {
@@ -333,6 +481,9 @@ func (h *Handler) ready(w http.ResponseWriter, _ *http.Request) {
 	if st.Workers == nil {
 		st.Workers = []picker.WorkerState{}
 	}
+	if h.isDraining() {
+		st.Ready = false
+	}
 	code := http.StatusOK
 	if !st.Ready {
 		code = http.StatusServiceUnavailable
@@ -341,6 +492,9 @@ func (h *Handler) ready(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (h *Handler) upsertWorker(w http.ResponseWriter, r *http.Request) {
+	if h.shuttingDown(w) {
+		return
+	}
 	var b workerBody
 	if !h.decodeBody(w, r, &b, false) {
 		return
@@ -356,12 +510,26 @@ func (h *Handler) upsertWorker(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) listWorkers(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, ok := query(w, r)
+	if !ok {
+		return
+	}
 	ws := h.core.Workers(q.Get("model_name"), q.Get("routing_group"))
 	if ws == nil {
 		ws = []picker.WorkerState{}
 	}
 	writeJSON(w, http.StatusOK, ws)
+}
+
+// query parses the query string strictly (a malformed escape such as %ZZ or a ';' separator is
+// 400 "invalid query string" rather than a silently dropped filter). It writes the error itself.
+func query(w http.ResponseWriter, r *http.Request) (url.Values, bool) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid query string")
+		return nil, false
+	}
+	return q, true
 }
 
 func parseWorkerID(w http.ResponseWriter, s string) (uint64, bool) {
@@ -376,6 +544,9 @@ func parseWorkerID(w http.ResponseWriter, s string) (uint64, bool) {
 func (h *Handler) patchWorker(w http.ResponseWriter, r *http.Request, idStr string) {
 	id, ok := parseWorkerID(w, idStr)
 	if !ok {
+		return
+	}
+	if h.shuttingDown(w) {
 		return
 	}
 	var p picker.WorkerPatch
@@ -420,6 +591,9 @@ func (h *Handler) decodeSelect(w http.ResponseWriter, r *http.Request) (picker.S
 }
 
 func (h *Handler) selectOnly(w http.ResponseWriter, r *http.Request) {
+	if h.shuttingDown(w) {
+		return
+	}
 	req, ok := h.decodeSelect(w, r)
 	if !ok {
 		return
@@ -433,6 +607,9 @@ func (h *Handler) selectOnly(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) selectAndReserve(w http.ResponseWriter, r *http.Request) {
+	if h.shuttingDown(w) {
+		return
+	}
 	req, ok := h.decodeSelect(w, r)
 	if !ok {
 		return
@@ -447,7 +624,10 @@ func (h *Handler) selectAndReserve(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) loads(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, ok := query(w, r)
+	if !ok {
+		return
+	}
 	ls := h.core.Loads(q.Get("model_name"), q.Get("routing_group"))
 	if ls == nil {
 		ls = []picker.PartitionLoads{}
@@ -455,10 +635,14 @@ func (h *Handler) loads(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ls)
 }
 
-// shuttingDown rejects a reservation lifecycle call after shutdown began (§2: every mutating call
-// except DELETE /workers/{id} returns 503; the in-process core keeps these working for ext_proc).
+// isDraining reports whether Options.Draining says the process is draining.
+func (h *Handler) isDraining() bool { return h.draining != nil && h.draining() }
+
+// shuttingDown rejects a selecting or mutating call after shutdown began or while draining (§2:
+// every mutating or selecting call except DELETE /workers/{id} returns 503; the in-process core
+// keeps the reservation lifecycle working for ext_proc). It writes the 503 itself.
 func (h *Handler) shuttingDown(w http.ResponseWriter) bool {
-	if h.core.ShuttingDown() {
+	if h.core.ShuttingDown() || h.isDraining() {
 		writeError(w, http.StatusServiceUnavailable, "selection service is shutting down")
 		return true
 	}
@@ -491,6 +675,9 @@ func (h *Handler) free(w http.ResponseWriter, r *http.Request, id string) {
 }
 
 func (h *Handler) reserve(w http.ResponseWriter, r *http.Request) {
+	if h.shuttingDown(w) {
+		return
+	}
 	req, ok := decodeRequest(h, w, r, (*reservationBody).request)
 	if !ok {
 		return
@@ -511,6 +698,9 @@ func (h *Handler) decodeInspect(w http.ResponseWriter, r *http.Request) (picker.
 }
 
 func (h *Handler) potentialLoads(w http.ResponseWriter, r *http.Request) {
+	if h.shuttingDown(w) {
+		return
+	}
 	req, ok := h.decodeInspect(w, r)
 	if !ok {
 		return
@@ -527,6 +717,9 @@ func (h *Handler) potentialLoads(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) overlapScores(w http.ResponseWriter, r *http.Request) {
+	if h.shuttingDown(w) {
+		return
+	}
 	req, ok := h.decodeInspect(w, r)
 	if !ok {
 		return

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -33,7 +34,28 @@ func (h *Hash) UnmarshalJSON(b []byte) error {
 		*h = Hash(v)
 		return nil
 	}
-	return &json.UnmarshalTypeError{Value: "value " + truncate(s, 40), Type: reflect.TypeFor[Hash]()}
+	return &json.UnmarshalTypeError{Value: jsonValue(s), Type: reflect.TypeFor[Hash]()}
+}
+
+// jsonValue describes a raw JSON value for an error message by its JSON kind, with scalars
+// quoted as written (truncated to 40 bytes): `string "x"`, "number 1.5", "array", "null".
+func jsonValue(raw string) string {
+	if raw == "" {
+		return "value"
+	}
+	switch raw[0] {
+	case '"':
+		return "string " + truncate(raw, 40)
+	case '[':
+		return "array"
+	case '{':
+		return "object"
+	case 't', 'f':
+		return "bool"
+	case 'n':
+		return "null"
+	}
+	return "number " + truncate(raw, 40)
 }
 
 // truncate shortens s to at most n bytes for error messages.
@@ -74,7 +96,7 @@ func (t *tokenList) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	bad := func(v string) error {
-		return &json.UnmarshalTypeError{Value: "value " + truncate(v, 40), Type: reflect.TypeFor[uint32]()}
+		return &json.UnmarshalTypeError{Value: jsonValue(v), Type: reflect.TypeFor[tokenList]()}
 	}
 	if len(b) < 2 || b[0] != '[' {
 		return bad(string(b))
@@ -224,7 +246,7 @@ type selectBody struct {
 	promptBody
 	ModelName            string                       `json:"model_name"`
 	RoutingGroup         string                       `json:"routing_group"`
-	SelectionID          string                       `json:"selection_id"`
+	SelectionID          *string                      `json:"selection_id"`
 	RouterConfigOverride *picker.RouterConfigOverride `json:"router_config_override"`
 	ExpectedOutputTokens *uint32                      `json:"expected_output_tokens"`
 	PriorityJump         float64                      `json:"priority_jump"`
@@ -240,6 +262,9 @@ type selectBody struct {
 
 // request converts the body to a SelectRequest; errors are schema errors (422).
 func (b *selectBody) request(policyClass string) (picker.SelectRequest, error) {
+	if b.SelectionID != nil && *b.SelectionID == "" {
+		return picker.SelectRequest{}, errors.New("selection_id must not be empty")
+	}
 	pr, err := b.prompt()
 	if err != nil {
 		return picker.SelectRequest{}, err
@@ -247,7 +272,7 @@ func (b *selectBody) request(policyClass string) (picker.SelectRequest, error) {
 	req := picker.SelectRequest{
 		ModelName:            b.ModelName,
 		RoutingGroup:         b.RoutingGroup,
-		SelectionID:          b.SelectionID,
+		SelectionID:          deref(b.SelectionID),
 		Prompt:               pr,
 		Override:             b.RouterConfigOverride,
 		ExpectedOutputTokens: b.ExpectedOutputTokens,
@@ -290,6 +315,14 @@ func (b *selectBody) request(policyClass string) (picker.SelectRequest, error) {
 		req.PinnedWorker = &picker.WorkerRank{WorkerID: *p.WorkerID, DPRank: *p.DPRank}
 	}
 	return req, nil
+}
+
+// deref returns *p, or "" for nil.
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
 // selectResponse is the /select response (§7.4): no booking fields; selection_id only when

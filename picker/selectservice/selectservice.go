@@ -331,6 +331,8 @@ func Run(ctx context.Context, cfg Config, opts Options) (err error) {
 	srv := &http.Server{
 		Handler:           httpapi.New(svc, httpapi.Options{Logger: log, Replica: opts.Replica}),
 		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,  // a whole request, body included: a stalled upload is dropped
+		IdleTimeout:       120 * time.Second, // keep-alive connections waiting for their next request
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
