@@ -1,0 +1,174 @@
+package main
+
+import (
+	"fmt"
+	"html"
+	"math"
+	"path/filepath"
+	"strings"
+)
+
+// palette colours the baselines in run order (colour-blind-safe Okabe–Ito order).
+var palette = []string{"#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"}
+
+func color(i int) string { return palette[i%len(palette)] }
+
+// renderSVG draws the result as one standalone SVG: hit rate per baseline (bars, the ideal reuse
+// as a dashed line), simulated TTFT p50 per baseline (bars), and the hit rate over time per
+// baseline (lines, the ideal dashed), written by hand with the standard library.
+func renderSVG(res *Result) string {
+	const w, h = 1000, 740
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif" font-size="12">`+"\n", w, h, w, h)
+	b.WriteString(`<rect width="100%" height="100%" fill="white"/>` + "\n")
+	title := fmt.Sprintf("eppbench — %s: %d requests, %d workers × %d blocks, speedup %g",
+		filepath.Base(res.Workload.Name), res.Workload.Requests, res.Setup.Workers, res.Setup.CapacityBlocks, res.Setup.Speedup)
+	text(&b, w/2, 24, "middle", 15, "bold", title)
+
+	names := make([]string, len(res.Baselines))
+	hits := make([]float64, len(res.Baselines))
+	ttfts := make([]float64, len(res.Baselines))
+	for i, bl := range res.Baselines {
+		names[i], hits[i], ttfts[i] = bl.Name, 100*bl.HitRate, bl.TTFTms.P50
+	}
+	ideal := 100 * res.Workload.IdealHitRate
+	barPanel(&b, 60, 60, 420, 260, "Prefix-cache hit rate (% of prompt tokens)", names, hits, "%.1f%%", ideal, "ideal %.1f%%")
+	barPanel(&b, 560, 60, 420, 260, "TTFT p50 (ms, simulated)", names, ttfts, "%.0f", -1, "")
+	timelinePanel(&b, 60, 440, 900, 230, res)
+	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+func text(b *strings.Builder, x, y float64, anchor string, size int, weight, s string) {
+	fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="%s" font-size="%d" font-weight="%s">%s</text>`+"\n",
+		x, y, anchor, size, weight, html.EscapeString(s))
+}
+
+// niceMax rounds v up to 1, 2 or 5 × a power of ten (at least 1e-9).
+func niceMax(v float64) float64 {
+	if v <= 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if v <= m*p {
+			return m * p
+		}
+	}
+	return 10 * p
+}
+
+// barPanel draws vertical bars with value labels; ref ≥ 0 adds a dashed reference line.
+func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []string, vals []float64, valFmt string, ref float64, refFmt string) {
+	text(b, x+w/2, y-12, "middle", 13, "bold", title)
+	top := ref
+	for _, v := range vals {
+		top = math.Max(top, v)
+	}
+	top = niceMax(top * 1.1)
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y+h, x+w, y+h)
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y, x, y+h)
+	for i := 0; i <= 4; i++ {
+		v := top * float64(i) / 4
+		yy := y + h - h*float64(i)/4
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x, yy, x+w, yy)
+		text(b, x-6, yy+4, "end", 11, "normal", trimFloat(v))
+	}
+	n := float64(len(vals))
+	if n == 0 {
+		return
+	}
+	slot := w / n
+	bw := slot * 0.6
+	for i, v := range vals {
+		bh := h * v / top
+		bx := x + slot*float64(i) + (slot-bw)/2
+		fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", bx, y+h-bh, bw, bh, color(i))
+		text(b, bx+bw/2, y+h-bh-4, "middle", 11, "normal", fmt.Sprintf(valFmt, v))
+		label := names[i]
+		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="11" transform="rotate(-25 %.1f %.1f)">%s</text>`+"\n",
+			bx+bw/2, y+h+14, bx+bw/2, y+h+14, html.EscapeString(label))
+	}
+	if ref >= 0 {
+		ry := y + h - h*ref/top
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="6 4"/>`+"\n", x, ry, x+w, ry)
+		text(b, x+w-4, ry-4, "end", 11, "normal", fmt.Sprintf(refFmt, ref))
+	}
+}
+
+// timelinePanel draws the hit rate over simulated time, one line per baseline.
+func timelinePanel(b *strings.Builder, x, y, w, h float64, res *Result) {
+	text(b, x+w/2, y-12, "middle", 13, "bold", "Hit rate over time (requests bucketed by arrival, simulated seconds)")
+	top, span := 0.0, 0.0
+	for _, bl := range res.Baselines {
+		for _, p := range bl.Timeline {
+			top = math.Max(top, math.Max(p.HitRate, p.IdealHitRate))
+			span = math.Max(span, p.StartSeconds)
+		}
+	}
+	top = niceMax(100 * top * 1.05)
+	if len(res.Baselines) > 0 && len(res.Baselines[0].Timeline) > 1 {
+		tl := res.Baselines[0].Timeline
+		span += tl[1].StartSeconds - tl[0].StartSeconds
+	}
+	if span <= 0 {
+		span = 1
+	}
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y+h, x+w, y+h)
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y, x, y+h)
+	for i := 0; i <= 4; i++ {
+		v := top * float64(i) / 4
+		yy := y + h - h*float64(i)/4
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x, yy, x+w, yy)
+		text(b, x-6, yy+4, "end", 11, "normal", trimFloat(v)+"%")
+	}
+	for i := 0; i <= 5; i++ {
+		t := span * float64(i) / 5
+		xx := x + w*float64(i)/5
+		text(b, xx, y+h+16, "middle", 11, "normal", fmt.Sprintf("%.0f s", t))
+	}
+	px := func(t float64) float64 { return x + w*t/span }
+	py := func(v float64) float64 { return y + h - h*(100*v)/top }
+	line := func(pts []TimelinePoint, val func(TimelinePoint) float64, stroke, dash string) {
+		var sb strings.Builder
+		for _, p := range pts {
+			if p.Requests == 0 {
+				continue
+			}
+			mid := p.StartSeconds
+			if len(pts) > 1 {
+				mid += (pts[1].StartSeconds - pts[0].StartSeconds) / 2
+			}
+			fmt.Fprintf(&sb, "%.1f,%.1f ", px(mid), py(val(p)))
+		}
+		fmt.Fprintf(b, `<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>`+"\n", stroke, dash, strings.TrimSpace(sb.String()))
+	}
+	if len(res.Baselines) > 0 {
+		line(res.Baselines[0].Timeline, func(p TimelinePoint) float64 { return p.IdealHitRate }, "#777", ` stroke-dasharray="6 4"`)
+	}
+	for i, bl := range res.Baselines {
+		line(bl.Timeline, func(p TimelinePoint) float64 { return p.HitRate }, color(i), "")
+	}
+	// Legend.
+	lx, ly := x+10, y+h+34
+	for i, bl := range res.Baselines {
+		xx := lx + float64(i%5)*180
+		yy := ly + float64(i/5)*16
+		fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="14" height="4" fill="%s"/>`+"\n", xx, yy-5, color(i))
+		text(b, xx+20, yy, "start", 11, "normal", bl.Name)
+	}
+	xx := lx + float64(len(res.Baselines)%5)*180
+	yy := ly + float64(len(res.Baselines)/5)*16
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#777" stroke-width="2" stroke-dasharray="6 4"/>`+"\n", xx, yy-3, xx+14, yy-3)
+	text(b, xx+20, yy, "start", 11, "normal", "ideal (unbounded cache)")
+}
+
+// trimFloat formats an axis value without trailing zeros.
+func trimFloat(v float64) string {
+	s := fmt.Sprintf("%.2f", v)
+	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	if s == "" || s == "-" {
+		return "0"
+	}
+	return s
+}

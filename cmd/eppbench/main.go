@@ -1,0 +1,428 @@
+// Command eppbench replays request traces through kvepp's real ext_proc server against simulated
+// vLLM workers and compares kvepp with the routers people would otherwise use. It reports each
+// router's prefix-cache hit rate beside the ideal reuse of an unbounded cache, simulated time to
+// first token, throughput, kvepp's decision latency and CPU, as a markdown table on stdout and a
+// JSON file and an SVG chart in --out.
+//
+//	go run ./cmd/eppbench                                  # built-in multi-turn chat demo, < 1 min
+//	go run ./cmd/eppbench --trace ../shared/traces/mooncake_conversation_trace.jsonl --workers 8
+//
+// Every baseline runs against a fresh kvepp process (this binary re-executed as the real runner,
+// extproc/runner, configured through its DYN_* environment) and a fresh enginesim pool with the
+// same seeds; requests go through enginesim/frontproxy, which speaks ext_proc to kvepp exactly as
+// Envoy does. KV events travel from the simulated workers to kvepp over ZeroMQ. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/debug"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvepp/kvepp/catalog"
+)
+
+// Options are the command's settings, one per flag (see parseFlags for each flag's meaning).
+// Times are simulated unless named otherwise.
+type Options struct {
+	Trace            string   // --trace: Mooncake JSONL path; "" = synthetic chat
+	Limit            int      // --limit: first N requests (0 = all)
+	Speedup          float64  // --speedup: simulated time per wall time (0 = workload default)
+	Workers          int      // --workers
+	CapacityBlocks   int      // --capacity-blocks: per worker (0 = workload default)
+	BlockSize        int      // --block-size: tokens
+	Baselines        string   // --baselines: comma list of routers
+	Policies         string   // --policies: extra catalog policy types
+	Seed             uint64   // --seed: workload and simulator seed
+	Out              string   // --out: output directory
+	PrefillUsPerTok  float64  // --prefill-us-per-token: µs
+	PrefillOverheadM float64  // --prefill-overhead-ms: ms
+	DecodeUsPerTok   float64  // --decode-us-per-token: µs
+	BatchLimit       int      // --batch-limit: running requests per worker
+	SerialPrefill    bool     // --serial-prefill: one prefill lane per worker
+	Concurrency      int      // --concurrency: in-flight cap of the load generator (0 = none)
+	MaxOutputTokens  int      // --max-output-tokens: cap (0 = none)
+	TokenizerDir     string   // --tokenizer-dir: "" = the stub
+	LogLevel         string   // --log-level: kvepp DYN_LOG
+	Buckets          int      // --buckets: timeline buckets
+	Model            string   // served model name (fixed "sim-model")
+	CPUProfile       string   // --cpuprofile: file
+	CoalesceMs       float64  // --coalesce-ms: ms
+	KveppEnv         []string // --kvepp-env: KEY=VALUE settings
+	TraceBlockTokens int      // --trace-block-tokens: tokens per trace hash id
+	KveppCPUProfile  string   // --kvepp-cpuprofile: directory
+}
+
+// Workload-dependent defaults (a flag left at 0 takes these).
+const (
+	synthSpeedup  = 20     // the default chat demo: ≈ 120 s of simulated time in ≈ 6 s per router
+	synthCapacity = 2048   // blocks of 16 tokens per worker: 32k tokens, about a third of the demo's live history
+	traceSpeedup  = 20     // Mooncake traces: 300 requests (≈ 100 s of trace) in ≈ 5 s per router
+	traceCapacity = 131072 // blocks of 16 tokens per worker: 2M tokens (the full conversation trace has 93M distinct)
+)
+
+// defaultBaselines are the routers compared when --baselines is not given.
+const defaultBaselines = "kvepp,kvepp-approx,round-robin,random,least-active-requests"
+
+func defaultOptions() Options {
+	return Options{
+		Workers:          4,
+		BlockSize:        16,
+		Baselines:        defaultBaselines,
+		Seed:             1,
+		Out:              "eppbench-out",
+		PrefillUsPerTok:  200,
+		PrefillOverheadM: 5,
+		DecodeUsPerTok:   20000,
+		BatchLimit:       64,
+		SerialPrefill:    true,
+		Concurrency:      2048,
+		LogLevel:         "warn",
+		Buckets:          30,
+		Model:            "sim-model",
+		CoalesceMs:       100,
+		TraceBlockTokens: TraceBlockTokens,
+	}
+}
+
+// parseFlags reads args into Options.
+func parseFlags(args []string, stderr io.Writer) (Options, error) {
+	o := defaultOptions()
+	fs := flag.NewFlagSet("eppbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.Trace, "trace", "", "Mooncake trace (JSONL); empty = the built-in synthetic multi-turn chat workload")
+	fs.IntVar(&o.Limit, "limit", 0, "replay only the first N requests (0 = all)")
+	fs.Float64Var(&o.Speedup, "speedup", 0, fmt.Sprintf("time compression: wall = simulated / speedup (0 = %d for the chat demo, %d for traces)", synthSpeedup, traceSpeedup))
+	fs.IntVar(&o.Workers, "workers", o.Workers, "simulated vLLM workers")
+	fs.IntVar(&o.CapacityBlocks, "capacity-blocks", 0, fmt.Sprintf("prefix-cache capacity per worker, blocks (0 = %d for the chat demo, %d for traces)", synthCapacity, traceCapacity))
+	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "KV block size, tokens (must divide 512 for traces)")
+	fs.StringVar(&o.Baselines, "baselines", o.Baselines, "routers to compare, comma list: kvepp, kvepp-approx, or any catalog policy type")
+	fs.StringVar(&o.Policies, "policies", "", "extra catalog policy types to compare, comma list (added to --baselines)")
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the workload and the simulator")
+	fs.StringVar(&o.Out, "out", o.Out, "output directory (result.json, chart.svg, kvepp logs)")
+	fs.Float64Var(&o.PrefillUsPerTok, "prefill-us-per-token", o.PrefillUsPerTok, "simulated prefill time per uncached prompt token, µs")
+	fs.Float64Var(&o.PrefillOverheadM, "prefill-overhead-ms", o.PrefillOverheadM, "simulated fixed prefill time per request, ms")
+	fs.Float64Var(&o.DecodeUsPerTok, "decode-us-per-token", o.DecodeUsPerTok, "simulated time per output token, µs")
+	fs.IntVar(&o.BatchLimit, "batch-limit", o.BatchLimit, "requests a worker runs at once (vLLM max_num_seqs)")
+	fs.BoolVar(&o.SerialPrefill, "serial-prefill", o.SerialPrefill, "one prefill at a time per worker (compute-bound GPU)")
+	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "cap on requests in flight from the load generator (0 = none)")
+	fs.Float64Var(&o.CoalesceMs, "coalesce-ms", o.CoalesceMs, "least simulated time between two response chunks the proxy passes through ext_proc (0 = every upstream read; the first chunk is never delayed)")
+	fs.IntVar(&o.TraceBlockTokens, "trace-block-tokens", TraceBlockTokens, "tokens per trace hash_id (1..512): smaller values shrink every prompt proportionally and keep the reuse structure")
+	fs.IntVar(&o.MaxOutputTokens, "max-output-tokens", 0, "cap on each request's output tokens (0 = as the workload says)")
+	fs.StringVar(&o.TokenizerDir, "tokenizer-dir", "", "tokenizer directory for kvepp (default: a stub; token-id prompts never call it)")
+	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "kvepp log level (logs go to <out>/work/kvepp-<router>.log)")
+	fs.IntVar(&o.Buckets, "buckets", o.Buckets, "time buckets of the hit-rate timeline")
+	fs.Func("kvepp-env", "extra KEY=VALUE setting for every kvepp instance, e.g. DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=2 (repeatable)", func(v string) error {
+		k, _, ok := strings.Cut(v, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("want KEY=VALUE, got %q", v)
+		}
+		o.KveppEnv = append(o.KveppEnv, v)
+		return nil
+	})
+	fs.StringVar(&o.KveppCPUProfile, "kvepp-cpuprofile", "", "directory for a CPU profile of each kvepp process (kvepp-<router>.pprof)")
+	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the benchmark process (not kvepp) to this file")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return o, o.validate()
+}
+
+// validate checks the options; errors name the flag.
+func (o *Options) validate() error {
+	switch {
+	case o.Limit < 0:
+		return fmt.Errorf("--limit %d must be ≥ 0", o.Limit)
+	case o.Speedup < 0 || o.Speedup != o.Speedup:
+		return fmt.Errorf("--speedup %v must be > 0", o.Speedup)
+	case o.Workers < 1 || o.Workers > 1024:
+		return fmt.Errorf("--workers %d must be in 1..1024", o.Workers)
+	case o.CapacityBlocks < 0:
+		return fmt.Errorf("--capacity-blocks %d must be ≥ 0", o.CapacityBlocks)
+	case o.BlockSize < 1:
+		return fmt.Errorf("--block-size %d must be ≥ 1", o.BlockSize)
+	case o.TraceBlockTokens < 1 || o.TraceBlockTokens > TraceBlockTokens:
+		return fmt.Errorf("--trace-block-tokens %d must be in 1..512", o.TraceBlockTokens)
+	case o.Trace != "" && o.TraceBlockTokens%o.BlockSize != 0:
+		return fmt.Errorf("--block-size %d must divide the trace's %d-token blocks", o.BlockSize, o.TraceBlockTokens)
+	case o.PrefillUsPerTok < 0 || o.PrefillOverheadM < 0 || o.DecodeUsPerTok < 0 || o.CoalesceMs < 0:
+		return errors.New("--prefill-us-per-token, --prefill-overhead-ms, --decode-us-per-token and --coalesce-ms must be ≥ 0")
+	case o.BatchLimit < 1:
+		return fmt.Errorf("--batch-limit %d must be ≥ 1", o.BatchLimit)
+	case o.Concurrency < 0:
+		return fmt.Errorf("--concurrency %d must be ≥ 0", o.Concurrency)
+	case o.MaxOutputTokens < 0:
+		return fmt.Errorf("--max-output-tokens %d must be ≥ 0", o.MaxOutputTokens)
+	case o.Buckets < 1:
+		return fmt.Errorf("--buckets %d must be ≥ 1", o.Buckets)
+	}
+	if o.Speedup == 0 {
+		o.Speedup = synthSpeedup
+		if o.Trace != "" {
+			o.Speedup = traceSpeedup
+		}
+	}
+	if o.CapacityBlocks == 0 {
+		o.CapacityBlocks = synthCapacity
+		if o.Trace != "" {
+			o.CapacityBlocks = traceCapacity
+		}
+	}
+	_, err := o.baselines()
+	return err
+}
+
+// baselines expands --baselines and --policies into the routers to run.
+func (o *Options) baselines() ([]Baseline, error) {
+	var out []Baseline
+	seen := map[string]bool{}
+	for _, list := range []string{o.Baselines, o.Policies} {
+		for _, name := range strings.Split(list, ",") {
+			name = strings.TrimSpace(name)
+			if name == "" || seen[name] {
+				continue
+			}
+			seen[name] = true
+			switch name {
+			case "kvepp":
+				out = append(out, Baseline{Name: "kvepp", Instance: "default", UseKVEvents: true})
+			case "kvepp-approx":
+				out = append(out, Baseline{Name: "kvepp-approx", Instance: "default", UseKVEvents: false})
+			case "default":
+				return nil, errors.New(`--baselines/--policies: use "kvepp" for the built-in policy (with KV events) or "kvepp-approx" (approximate mode)`)
+			default:
+				out = append(out, Baseline{Name: name, Instance: name, UseKVEvents: true})
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("--baselines and --policies name no router")
+	}
+	return out, nil
+}
+
+func main() {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(runChild())
+	}
+	// The load generator, proxy and simulator allocate a prompt-sized body per request and hop;
+	// a higher GC target trades memory for CPU the kvepp process can use, and a soft limit keeps
+	// an overloaded replay (long queues of in-flight requests) from growing without bound. (kvepp
+	// itself runs with Go's defaults.)
+	debug.SetGCPercent(400)
+	debug.SetMemoryLimit(3 << 30)
+	opts, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "eppbench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if opts.CPUProfile != "" {
+		f, err := os.Create(opts.CPUProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "eppbench: --cpuprofile:", err)
+			os.Exit(2)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "eppbench: --cpuprofile:", err)
+			os.Exit(2)
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	res, err := Run(ctx, opts, os.Stderr, isTerminal(os.Stderr))
+	if res != nil && len(res.Baselines) > 0 {
+		writeTable(os.Stdout, res)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "eppbench:", err)
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "eppbench: wrote %s and %s\n", filepath.Join(opts.Out, "result.json"), filepath.Join(opts.Out, "chart.svg"))
+}
+
+// isTerminal reports whether f is a character device (a terminal).
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// loadWorkload builds the workload of o.
+func loadWorkload(o Options) (*Workload, error) {
+	var w *Workload
+	var err error
+	if o.Trace != "" {
+		w, err = LoadTrace(o.Trace, o.Limit, o.TraceBlockTokens, o.Seed)
+	} else {
+		w, err = SyntheticChat(DefaultChat, o.Seed, o.Limit)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if o.MaxOutputTokens > 0 {
+		for i := range w.Requests {
+			w.Requests[i].OutputTokens = min(w.Requests[i].OutputTokens, o.MaxOutputTokens)
+		}
+	}
+	return w, nil
+}
+
+// Run performs a whole benchmark: it loads the workload, replays it once per baseline, and writes
+// result.json and chart.svg into o.Out. progress receives the progress display (tty selects the
+// in-place bar). It returns the results gathered so far together with any error.
+func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result, error) {
+	began := time.Now()
+	baselines, err := o.baselines()
+	if err != nil {
+		return nil, err
+	}
+	w, err := loadWorkload(o)
+	if err != nil {
+		return nil, err
+	}
+	ideal := IdealReuse(w, o.BlockSize)
+	prompt, output := w.Totals()
+	var idealTokens, pooledTokens int64
+	for _, v := range ideal {
+		idealTokens += v
+	}
+	for _, v := range PooledLRUReuse(w, o.BlockSize, o.Workers*o.CapacityBlocks) {
+		pooledTokens += v
+	}
+
+	workDir := filepath.Join(o.Out, "work")
+	if err := os.MkdirAll(workDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create --out %q: %w", o.Out, err)
+	}
+	absWork, err := filepath.Abs(workDir)
+	if err != nil {
+		return nil, err
+	}
+	if o.KveppCPUProfile != "" {
+		if err := os.MkdirAll(o.KveppCPUProfile, 0o755); err != nil {
+			return nil, fmt.Errorf("--kvepp-cpuprofile: %w", err)
+		}
+	}
+	tokDir := o.TokenizerDir
+	if tokDir == "" {
+		if tokDir, err = writeStubTokenizer(filepath.Join(absWork, "tokenizer")); err != nil {
+			return nil, err
+		}
+	}
+	reg := catalog.Builtins()
+	var types, instances []string
+	for _, b := range baselines {
+		types = append(types, b.Instance)
+		instances = append(instances, b.Instance)
+	}
+	doc, err := policyConfig(types)
+	if err != nil {
+		return nil, fmt.Errorf("policy config: %w", err)
+	}
+	if err := validatePolicies(reg, doc, instances); err != nil {
+		return nil, fmt.Errorf("--baselines/--policies: %w", err)
+	}
+	policyPath := filepath.Join(absWork, "policies.yaml")
+	if err := os.WriteFile(policyPath, doc, 0o644); err != nil {
+		return nil, err
+	}
+
+	rc := RunConfig{
+		Workload:    w,
+		Speedup:     o.Speedup,
+		Concurrency: o.Concurrency,
+		Seed:        o.Seed,
+		Sim: SimConfig{
+			Workers:         o.Workers,
+			BlockSize:       o.BlockSize,
+			CapacityBlocks:  o.CapacityBlocks,
+			PrefillPerToken: time.Duration(o.PrefillUsPerTok * float64(time.Microsecond)),
+			PrefillOverhead: time.Duration(o.PrefillOverheadM * float64(time.Millisecond)),
+			DecodePerToken:  time.Duration(o.DecodeUsPerTok * float64(time.Microsecond)),
+			BatchLimit:      o.BatchLimit,
+			SerialPrefill:   o.SerialPrefill,
+		},
+		Model:           o.Model,
+		TokenizerDir:    tokDir,
+		PolicyConfig:    policyPath,
+		WorkDir:         absWork,
+		LogLevel:        o.LogLevel,
+		Progress:        progress,
+		ProgressTTY:     tty,
+		Buckets:         o.Buckets,
+		Coalesce:        time.Duration(o.CoalesceMs * float64(time.Millisecond) / o.Speedup),
+		KveppEnv:        o.KveppEnv,
+		KveppProfileDir: o.KveppCPUProfile,
+	}
+	res := &Result{
+		Started: began.UTC().Format(time.RFC3339),
+		Workload: WorkloadInfo{
+			Name: w.Name, Requests: len(w.Requests), SpanSeconds: w.Span().Seconds(),
+			PromptTokens: prompt, OutputTokens: output, Seed: o.Seed,
+			IdealHitTokens: idealTokens, IdealHitRate: float64(idealTokens) / float64(max(prompt, 1)),
+			PooledLRUHitRate: float64(pooledTokens) / float64(max(prompt, 1)),
+		},
+		Setup: SetupInfo{
+			Workers: o.Workers, BlockSize: o.BlockSize, CapacityBlocks: o.CapacityBlocks,
+			PrefillUsPerToken: o.PrefillUsPerTok, PrefillOverheadMs: o.PrefillOverheadM, DecodeUsPerToken: o.DecodeUsPerTok,
+			BatchLimit: o.BatchLimit, SerialPrefill: o.SerialPrefill, Speedup: o.Speedup, Concurrency: o.Concurrency,
+			SimSeed:             o.Seed,
+			CoalesceMs:          o.CoalesceMs,
+			KveppEnv:            o.KveppEnv,
+			ThroughputTimeBasis: "simulated seconds (wall × speedup), first request sent to last response completed",
+			CPUMethod:           "user+system CPU of the separate kvepp process during the replay window (/proc/<pid>/stat), else its whole-life rusage",
+		},
+	}
+	if progress != nil {
+		fmt.Fprintf(progress, "eppbench: %s: %d requests over %.0f s simulated (%.0f s wall at speedup %g), ideal reuse %.1f %% (pooled LRU %.1f %%)\n",
+			w.Name, len(w.Requests), w.Span().Seconds(), w.Span().Seconds()/o.Speedup, o.Speedup, 100*res.Workload.IdealHitRate,
+			100*res.Workload.PooledLRUHitRate)
+	}
+	var runErr error
+	for _, b := range baselines {
+		if ctx.Err() != nil {
+			runErr = ctx.Err()
+			break
+		}
+		run, err := runBaseline(ctx, rc, b)
+		if err != nil {
+			runErr = err
+			break
+		}
+		br := summarize(run, w, ideal, o.Speedup, o.Buckets)
+		if err := writeRequestsCSV(filepath.Join(absWork, "requests-"+fileSlug(b.Name)+".csv"), run, w, ideal); err != nil {
+			runErr = err
+			break
+		}
+		res.Baselines = append(res.Baselines, br)
+		if progress != nil {
+			fmt.Fprintf(progress, "eppbench: %s\n", describe(br))
+		}
+	}
+	res.WallSeconds = time.Since(began).Seconds()
+	if len(res.Baselines) > 0 {
+		if err := writeJSON(filepath.Join(o.Out, "result.json"), res); err != nil {
+			return res, errors.Join(runErr, err)
+		}
+		if err := os.WriteFile(filepath.Join(o.Out, "chart.svg"), []byte(renderSVG(res)), 0o644); err != nil {
+			return res, errors.Join(runErr, err)
+		}
+	}
+	return res, runErr
+}

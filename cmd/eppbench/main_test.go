@@ -1,0 +1,203 @@
+package main
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvepp/kvepp/catalog"
+	"github.com/kvepp/kvepp/extproc/tokenizer"
+)
+
+// TestMain lets the test binary play the kvepp child process that the benchmark starts (it
+// re-executes its own binary, which in tests is this test binary).
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(runChild())
+	}
+	os.Exit(m.Run())
+}
+
+func TestParseFlags(t *testing.T) {
+	cases := []struct {
+		name    string
+		args    []string
+		check   func(Options) bool
+		wantErr string
+	}{
+		{"no flags run the synthetic demo with its defaults", nil,
+			func(o Options) bool {
+				return o.Trace == "" && o.Speedup == synthSpeedup && o.CapacityBlocks == synthCapacity && o.Workers == 4
+			}, ""},
+		{"a trace takes the trace defaults", []string{"--trace", "x.jsonl"},
+			func(o Options) bool { return o.Speedup == traceSpeedup && o.CapacityBlocks == traceCapacity }, ""},
+		{"explicit values win over the defaults", []string{"--trace", "x.jsonl", "--speedup", "7", "--capacity-blocks", "100"},
+			func(o Options) bool { return o.Speedup == 7 && o.CapacityBlocks == 100 }, ""},
+		{"zero workers are refused", []string{"--workers", "0"}, nil, "--workers 0"},
+		{"a block size that does not divide 512 is refused for traces", []string{"--trace", "x", "--block-size", "48"}, nil, "--block-size 48"},
+		{"a negative speedup is refused", []string{"--speedup", "-1"}, nil, "--speedup"},
+		{"stray arguments are refused", []string{"extra"}, nil, `unexpected argument "extra"`},
+		{"the built-in policy is named kvepp, not default", []string{"--policies", "default"}, nil, `use "kvepp"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseFlags(tc.args, io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !tc.check(o) {
+				t.Fatalf("options %+v, error %v", o, err)
+			}
+		})
+	}
+}
+
+func TestBaselines(t *testing.T) {
+	o := defaultOptions()
+	o.Policies = "random, two-tier-cache-aware,kvepp"
+	got, err := o.baselines()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, b := range got {
+		names = append(names, b.Name)
+	}
+	want := "kvepp,kvepp-approx,round-robin,random,least-active-requests,two-tier-cache-aware"
+	if strings.Join(names, ",") != want {
+		t.Fatalf("baselines %v, want %s (duplicates dropped, order kept)", names, want)
+	}
+	if got[0].Instance != "default" || !got[0].UseKVEvents || got[1].Instance != "default" || got[1].UseKVEvents {
+		t.Fatalf("kvepp baselines %+v %+v", got[0], got[1])
+	}
+}
+
+func TestPolicyResolution(t *testing.T) {
+	reg := catalog.Builtins()
+	t.Run("every default baseline resolves through the catalog", func(t *testing.T) {
+		types := []string{"default", "round-robin", "random", "least-active-requests"}
+		doc, err := policyConfig(types)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := validatePolicies(reg, doc, types); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("an unknown policy name fails before anything starts", func(t *testing.T) {
+		doc, err := policyConfig([]string{"no-such-policy"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = validatePolicies(reg, doc, []string{"no-such-policy"})
+		if err == nil || !strings.Contains(err.Error(), `unknown policy type "no-such-policy"`) {
+			t.Fatalf("error %v", err)
+		}
+	})
+}
+
+func TestStubTokenizerLoads(t *testing.T) {
+	dir, err := writeStubTokenizer(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatalf("kvepp cannot load the stub tokenizer: %v", err)
+	}
+	if got := tok.Encode("ab", false); len(got) != 2 {
+		t.Fatalf("the stub encodes %q as %v, want one token per byte", "ab", got)
+	}
+}
+
+// sampleResult is a two-baseline result for the output writers.
+func sampleResult() *Result {
+	tl := func(h float64) []TimelinePoint {
+		return []TimelinePoint{{0, 3, h / 2, 0.5}, {10, 4, h, 0.6}, {20, 0, 0, 0}}
+	}
+	return &Result{
+		Workload: WorkloadInfo{Name: "a <trace> & co", Requests: 7, SpanSeconds: 30, IdealHitRate: 0.6},
+		Setup:    SetupInfo{Workers: 4, BlockSize: 16, CapacityBlocks: 1024, Speedup: 10},
+		Baselines: []BaselineResult{
+			{Name: "kvepp", HitRate: 0.55, OfIdeal: 0.55 / 0.6, TTFTms: Quantiles{P50: 120}, Timeline: tl(0.55)},
+			{Name: "round-robin", HitRate: 0.2, OfIdeal: 0.2 / 0.6, TTFTms: Quantiles{P50: 900}, Timeline: tl(0.2)},
+		},
+	}
+}
+
+func TestRenderSVG(t *testing.T) {
+	svg := renderSVG(sampleResult())
+	dec := xml.NewDecoder(strings.NewReader(svg))
+	elems := map[string]int{}
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("the SVG is not well-formed XML: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok {
+			elems[se.Name.Local]++
+		}
+	}
+	if elems["svg"] != 1 || elems["rect"] < 5 || elems["polyline"] != 3 {
+		t.Fatalf("elements %v: want one svg, bars and 3 lines (2 baselines + ideal)", elems)
+	}
+	for _, want := range []string{"a &lt;trace&gt; &amp; co", "kvepp", "round-robin", "ideal 60.0%"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("the SVG lacks %q", want)
+		}
+	}
+}
+
+func TestWriteTable(t *testing.T) {
+	var b bytes.Buffer
+	writeTable(&b, sampleResult())
+	out := b.String()
+	for _, want := range []string{"| router | hit rate |", "| kvepp | 55.0 % | 92 % | 120 ms |", "| round-robin | 20.0 % | 33 % | 900 ms |", "Ideal reuse (unbounded single cache): 60.0 % of prompt tokens; one LRU cache of the pool's total capacity: 0.0 %"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestProcCPU(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc")
+	}
+	before, ok := procCPU(os.Getpid())
+	if !ok {
+		t.Fatal("cannot read this process's CPU time")
+	}
+	deadline := time.Now().Add(60 * time.Millisecond)
+	x := 0
+	for time.Now().Before(deadline) {
+		x++
+	}
+	after, _ := procCPU(os.Getpid())
+	if after < before || x == 0 {
+		t.Fatalf("CPU time went from %v to %v", before, after)
+	}
+}
+
+func TestWriteJSON(t *testing.T) {
+	dir := t.TempDir()
+	res := sampleResult()
+	if err := writeJSON(filepath.Join(dir, "r.json"), res); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "r.json"))
+	if err != nil || !bytes.Contains(data, []byte(`"fraction_of_ideal"`)) {
+		t.Fatalf("result.json: %v %s", err, data)
+	}
+}

@@ -1,0 +1,348 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// Result is the JSON result file (eppbench-out/result.json).
+type Result struct {
+	// Workload describes what was replayed.
+	Workload WorkloadInfo `json:"workload"`
+	// Setup is the simulated pool and replay settings.
+	Setup SetupInfo `json:"setup"`
+	// Baselines are the routers compared, in run order.
+	Baselines []BaselineResult `json:"baselines"`
+	// Started is when the run began (RFC 3339).
+	Started string `json:"started"`
+	// WallSeconds is the whole run's wall-clock time.
+	WallSeconds float64 `json:"wall_seconds"`
+}
+
+// WorkloadInfo describes the replayed workload.
+type WorkloadInfo struct {
+	// Name is the trace path or "synthetic chat".
+	Name string `json:"name"`
+	// Requests is the number of requests replayed.
+	Requests int `json:"requests"`
+	// SpanSeconds is the simulated time from the first to the last arrival.
+	SpanSeconds float64 `json:"span_seconds"`
+	// PromptTokens and OutputTokens are the workload's token totals.
+	PromptTokens int64 `json:"prompt_tokens"`
+	// OutputTokens is the sum of max_tokens.
+	OutputTokens int64 `json:"output_tokens"`
+	// Seed is the workload and simulator seed.
+	Seed uint64 `json:"seed"`
+	// IdealHitRate is IdealHitTokens / PromptTokens: the reuse of one unbounded cache with the
+	// simulator's block rules (IdealReuse).
+	IdealHitRate float64 `json:"ideal_hit_rate"`
+	// IdealHitTokens is the prompt tokens an unbounded cache would serve.
+	IdealHitTokens int64 `json:"ideal_hit_tokens"`
+	// PooledLRUHitRate is the reuse of one LRU cache holding the pool's whole capacity
+	// (workers × capacity blocks), requests taken one at a time: a reference for limited capacity.
+	PooledLRUHitRate float64 `json:"pooled_lru_hit_rate"`
+}
+
+// SetupInfo is the simulated pool and replay settings. Times are simulated unless named wall.
+type SetupInfo struct {
+	// Workers is the number of simulated workers.
+	Workers int `json:"workers"`
+	// BlockSize is the KV block size, tokens.
+	BlockSize int `json:"block_size_tokens"`
+	// CapacityBlocks is each worker's prefix-cache capacity, blocks.
+	CapacityBlocks int `json:"capacity_blocks_per_worker"`
+	// PrefillUsPerToken is the prefill time per uncached token, µs.
+	PrefillUsPerToken float64 `json:"prefill_us_per_token"`
+	// PrefillOverheadMs is the fixed prefill time per request, ms.
+	PrefillOverheadMs float64 `json:"prefill_overhead_ms"`
+	// DecodeUsPerToken is the time per output token, µs.
+	DecodeUsPerToken float64 `json:"decode_us_per_token"`
+	// BatchLimit is the number of requests a worker runs at once.
+	BatchLimit int `json:"batch_limit"`
+	// SerialPrefill reports one prefill lane per worker.
+	SerialPrefill bool `json:"serial_prefill"`
+	// Speedup is simulated time per wall time.
+	Speedup float64 `json:"speedup"`
+	// Concurrency is the load generator's in-flight cap (0 = none).
+	Concurrency int `json:"concurrency_cap"`
+	// SimSeed seeds the simulator's engine hashes.
+	SimSeed uint64 `json:"sim_seed"`
+	// CoalesceMs is the least simulated time between response chunks through ext_proc.
+	CoalesceMs float64 `json:"response_coalesce_ms"`
+	// ThroughputTimeBasis says which clock the throughput figures use.
+	ThroughputTimeBasis string `json:"throughput_time_basis"`
+	// CPUMethod says how kvepp's CPU time is measured.
+	CPUMethod string `json:"cpu_method"`
+	// KveppEnv are the extra kvepp settings (--kvepp-env).
+	KveppEnv []string `json:"kvepp_env,omitempty"`
+}
+
+// Quantiles are nearest-rank percentiles, maximum and mean of a latency, in the unit the field
+// name gives (ms or µs).
+type Quantiles struct {
+	P50  float64 `json:"p50"`  // median
+	P90  float64 `json:"p90"`  // 90th percentile
+	P99  float64 `json:"p99"`  // 99th percentile
+	Max  float64 `json:"max"`  // maximum
+	Mean float64 `json:"mean"` // arithmetic mean
+}
+
+// WorkerShare is one worker's part of a baseline's traffic (completed requests).
+type WorkerShare struct {
+	Name         string  `json:"name"`          // simulator worker name
+	Requests     int     `json:"requests"`      // requests served
+	PromptTokens int64   `json:"prompt_tokens"` // their prompt tokens
+	HitRate      float64 `json:"hit_rate"`      // their cached / prompt tokens
+}
+
+// TimelinePoint is the hit rate of the requests that arrived in one time bucket.
+type TimelinePoint struct {
+	StartSeconds float64 `json:"start_seconds"`  // bucket start, simulated seconds since the first arrival
+	Requests     int     `json:"requests"`       // completed requests that arrived in the bucket
+	HitRate      float64 `json:"hit_rate"`       // their cached / prompt tokens
+	IdealHitRate float64 `json:"ideal_hit_rate"` // their ideal (unbounded) reuse / prompt tokens
+}
+
+// BaselineResult is one router's figures. Latencies named _ms are simulated unless noted; counts
+// cover the requests of the workload.
+type BaselineResult struct {
+	Name        string `json:"name"`            // router name (--baselines / --policies)
+	Instance    string `json:"policy_instance"` // worker_selection instance selected in kvepp
+	UseKVEvents bool   `json:"use_kv_events"`   // DYN_ROUTER_USE_KV_EVENTS
+
+	Requests  int `json:"requests"`            // requests sent
+	Completed int `json:"completed"`           // answered 200 with [DONE] and completed by the simulator
+	Errors    int `json:"errors"`              // the others
+	Immediate int `json:"immediate_responses"` // kvepp ImmediateResponses
+
+	PromptTokens int64   `json:"prompt_tokens"`     // prompt tokens of completed requests (simulator)
+	CachedTokens int64   `json:"cached_tokens"`     // of them served from the prefix caches
+	HitRate      float64 `json:"hit_rate"`          // CachedTokens / PromptTokens
+	OfIdeal      float64 `json:"fraction_of_ideal"` // HitRate / WorkloadInfo.IdealHitRate
+
+	TTFTms  Quantiles `json:"ttft_ms"`  // simulated time to first token
+	QueueMs Quantiles `json:"queue_ms"` // simulated wait for a running slot and the prefill lane
+	E2Ems   Quantiles `json:"e2e_ms"`   // simulated end-to-end latency
+
+	MakespanSeconds    float64            `json:"makespan_seconds"`         // simulated: first send to last completion
+	RequestsPerSecond  float64            `json:"requests_per_second"`      // completed / makespan
+	OutputTokensPerSec float64            `json:"output_tokens_per_second"` // output tokens / makespan
+	PromptTokensPerSec float64            `json:"prompt_tokens_per_second"` // prompt tokens / makespan
+	WallSeconds        float64            `json:"wall_seconds"`             // replay wall time
+	StartupWallSeconds float64            `json:"startup_wall_seconds"`     // pool + kvepp startup wall time
+	DecisionUs         Quantiles          `json:"decision_us"`              // wall, at the proxy
+	KveppCPUSeconds    float64            `json:"kvepp_cpu_seconds"`        // kvepp process CPU during the replay
+	KveppCPUMethod     string             `json:"kvepp_cpu_method"`         // how it was measured
+	KveppPeakRSSBytes  int64              `json:"kvepp_peak_rss_bytes"`     // kvepp process VmHWM
+	DispatchLagMs      Quantiles          `json:"dispatch_lag_ms"`          // wall: how late requests left the load generator
+	KveppMetrics       map[string]float64 `json:"kvepp_metrics"`            // selected counters scraped at the end of the replay
+	Workers            []WorkerShare      `json:"workers"`                  // per-worker shares
+	Timeline           []TimelinePoint    `json:"timeline"`                 // hit rate over time
+	FirstErrors        []string           `json:"first_errors,omitempty"`   // up to 5 error descriptions
+}
+
+func quantiles(ds []time.Duration, unit time.Duration) Quantiles {
+	if len(ds) == 0 {
+		return Quantiles{}
+	}
+	s := sortedDurations(ds)
+	var sum float64
+	for _, d := range s {
+		sum += float64(d)
+	}
+	f := func(d time.Duration) float64 { return float64(d) / float64(unit) }
+	return Quantiles{
+		P50: f(percentile(s, 0.50)), P90: f(percentile(s, 0.90)), P99: f(percentile(s, 0.99)),
+		Max: f(s[len(s)-1]), Mean: sum / float64(len(s)) / float64(unit),
+	}
+}
+
+// summarize turns a baseline run into its figures. ideal holds the ideal hit tokens per request.
+func summarize(run *baselineRun, w *Workload, ideal []int64, speedup float64, buckets int) BaselineResult {
+	br := BaselineResult{
+		Name: run.baseline.Name, Instance: run.baseline.Instance, UseKVEvents: run.baseline.UseKVEvents,
+		Requests:           len(run.results),
+		PromptTokens:       run.pool.PromptTokens,
+		CachedTokens:       run.pool.CachedPromptTokens,
+		HitRate:            run.pool.HitRate(),
+		WallSeconds:        run.end.Sub(run.start).Seconds(),
+		StartupWallSeconds: run.startup.Seconds(),
+		KveppCPUSeconds:    run.cpu.Seconds(),
+		KveppCPUMethod:     run.cpuMethod,
+		KveppPeakRSSBytes:  run.peakRSS,
+		KveppMetrics:       run.metrics,
+	}
+	var ttft, queue, e2e, decision, lag []time.Duration
+	var idealTokens, promptAll int64
+	first, last := time.Time{}, time.Time{}
+	perWorker := map[string]*WorkerShare{}
+	for _, name := range run.workers {
+		perWorker[name] = &WorkerShare{Name: name}
+	}
+	workerCached := map[string]int64{}
+	for i := range run.results {
+		r := &run.results[i]
+		promptAll += int64(w.Requests[i].InputTokens)
+		idealTokens += ideal[i]
+		if !r.sent.IsZero() {
+			lag = append(lag, r.dispatchLag)
+			if first.IsZero() || r.sent.Before(first) {
+				first = r.sent
+			}
+		}
+		if r.decision > 0 {
+			decision = append(decision, r.decision)
+		}
+		if r.immediate != 0 {
+			br.Immediate++
+		}
+		failed := r.clientErr != "" || r.status != 200 || !r.done
+		if failed {
+			br.Errors++
+			if len(br.FirstErrors) < 5 {
+				msg := r.clientErr
+				if msg == "" {
+					msg = fmt.Sprintf("status %d (simulator completed: %v)", r.status, r.done)
+				}
+				br.FirstErrors = append(br.FirstErrors, w.Requests[i].ID+": "+msg)
+			}
+			continue
+		}
+		br.Completed++
+		ttft = append(ttft, r.ttft)
+		queue = append(queue, r.queue)
+		e2e = append(e2e, r.e2e)
+		if r.finished.After(last) {
+			last = r.finished
+		}
+		if ws := perWorker[r.worker]; ws != nil {
+			ws.Requests++
+			ws.PromptTokens += int64(r.prompt)
+			workerCached[r.worker] += int64(r.cached)
+		}
+	}
+	if promptAll > 0 && idealTokens > 0 {
+		br.OfIdeal = br.HitRate / (float64(idealTokens) / float64(promptAll))
+	}
+	// Simulated time = wall × speedup (the simulator's TimeScale is 1/speedup).
+	if !first.IsZero() && last.After(first) {
+		br.MakespanSeconds = last.Sub(first).Seconds() * speedup
+		br.RequestsPerSecond = float64(br.Completed) / br.MakespanSeconds
+		br.OutputTokensPerSec = float64(run.pool.OutputTokens) / br.MakespanSeconds
+		br.PromptTokensPerSec = float64(run.pool.PromptTokens) / br.MakespanSeconds
+	}
+	br.TTFTms = quantiles(ttft, time.Millisecond)
+	br.QueueMs = quantiles(queue, time.Millisecond)
+	br.E2Ems = quantiles(e2e, time.Millisecond)
+	br.DecisionUs = quantiles(decision, time.Microsecond)
+	br.DispatchLagMs = quantiles(lag, time.Millisecond)
+	for _, name := range run.workers {
+		ws := perWorker[name]
+		if ws.PromptTokens > 0 {
+			ws.HitRate = float64(workerCached[name]) / float64(ws.PromptTokens)
+		}
+		br.Workers = append(br.Workers, *ws)
+	}
+	br.Timeline = timeline(run, w, ideal, buckets)
+	return br
+}
+
+// timeline buckets the completed requests by arrival time and returns each bucket's hit rate
+// (cached / prompt tokens) beside the ideal one.
+func timeline(run *baselineRun, w *Workload, ideal []int64, buckets int) []TimelinePoint {
+	if buckets < 1 || len(w.Requests) == 0 {
+		return nil
+	}
+	span := w.Span()
+	width := span / time.Duration(buckets)
+	if width <= 0 {
+		width = time.Second
+		buckets = 1
+	}
+	base := w.Requests[0].Arrival
+	type acc struct {
+		n                     int
+		prompt, cached, ideal int64
+	}
+	accs := make([]acc, buckets)
+	for i := range run.results {
+		r := &run.results[i]
+		if r.clientErr != "" || r.status != 200 || !r.done {
+			continue
+		}
+		b := int((w.Requests[i].Arrival - base) / width)
+		b = min(max(b, 0), buckets-1)
+		accs[b].n++
+		accs[b].prompt += int64(r.prompt)
+		accs[b].cached += int64(r.cached)
+		accs[b].ideal += ideal[i]
+	}
+	out := make([]TimelinePoint, buckets)
+	for b, a := range accs {
+		out[b] = TimelinePoint{StartSeconds: (time.Duration(b) * width).Seconds(), Requests: a.n}
+		if a.prompt > 0 {
+			out[b].HitRate = float64(a.cached) / float64(a.prompt)
+			out[b].IdealHitRate = float64(a.ideal) / float64(a.prompt)
+		}
+	}
+	return out
+}
+
+// writeTable prints the markdown comparison table.
+func writeTable(out io.Writer, res *Result) {
+	fmt.Fprintf(out, "\n### eppbench: %s — %d requests over %.0f s (simulated), %d workers × %d blocks of %d tokens, speedup %g\n\n",
+		res.Workload.Name, res.Workload.Requests, res.Workload.SpanSeconds, res.Setup.Workers, res.Setup.CapacityBlocks,
+		res.Setup.BlockSize, res.Setup.Speedup)
+	fmt.Fprintf(out, "Ideal reuse (unbounded single cache): %.1f %% of prompt tokens; one LRU cache of the pool's total capacity: %.1f %%.\n\n",
+		100*res.Workload.IdealHitRate, 100*res.Workload.PooledLRUHitRate)
+	fmt.Fprintln(out, "| router | hit rate | of ideal | TTFT p50 | TTFT p90 | TTFT p99 | req/s | out tok/s | decision p50 | decision p99 | kvepp CPU | errors |")
+	fmt.Fprintln(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, b := range res.Baselines {
+		fmt.Fprintf(out, "| %s | %.1f %% | %.0f %% | %s | %s | %s | %.2f | %.0f | %s | %s | %.2f s | %d |\n",
+			b.Name, 100*b.HitRate, 100*b.OfIdeal, fmtMs(b.TTFTms.P50), fmtMs(b.TTFTms.P90), fmtMs(b.TTFTms.P99),
+			b.RequestsPerSecond, b.OutputTokensPerSec, fmtUs(b.DecisionUs.P50), fmtUs(b.DecisionUs.P99),
+			b.KveppCPUSeconds, b.Errors)
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintln(out, "Hit rate = prompt tokens served from the simulated workers' prefix caches / prompt tokens. TTFT, req/s and")
+	fmt.Fprintln(out, "output tok/s are in simulated time (wall × speedup). Decision = kvepp's routing latency measured at the")
+	fmt.Fprintln(out, "proxy in wall time (body end_of_stream sent → routing reply). kvepp CPU = the kvepp process's user+system")
+	fmt.Fprintln(out, "CPU seconds during the replay.")
+}
+
+func fmtMs(ms float64) string {
+	switch {
+	case ms >= 10000:
+		return fmt.Sprintf("%.1f s", ms/1000)
+	case ms >= 100:
+		return fmt.Sprintf("%.0f ms", ms)
+	default:
+		return fmt.Sprintf("%.1f ms", ms)
+	}
+}
+
+func fmtUs(us float64) string {
+	if us >= 1000 {
+		return fmt.Sprintf("%.2f ms", us/1000)
+	}
+	return fmt.Sprintf("%.0f µs", us)
+}
+
+// writeJSON writes the result file.
+func writeJSON(path string, res *Result) error {
+	data, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
+
+// describe is a one-line summary of a baseline for logs.
+func describe(b BaselineResult) string {
+	return strings.TrimSpace(fmt.Sprintf("%s: hit %.1f%% (%.0f%% of ideal), TTFT p50 %s, errors %d",
+		b.Name, 100*b.HitRate, 100*b.OfIdeal, fmtMs(b.TTFTms.P50), b.Errors))
+}
