@@ -162,7 +162,11 @@ func Cost(p Params, in Inputs) float64 {
 	}
 	credit := p.OverlapScoreCredit*CreditDecay(p, in)*float64(in.DeviceBlocks) +
 		p.HostCacheHitWeight*float64(in.HostExtBlocks) + p.DiskCacheHitWeight*float64(in.DiskExtBlocks)
-	cost := p.PrefillLoadScale*math.Max(0, rawBlocks-credit) + float64(in.DecodeCostBlocks) +
+	uncached := rawBlocks - credit
+	if uncached < 0 { // max(0, ·) without math.Max's ±0/NaN handling (a NaN stays NaN and is rejected by the host)
+		uncached = 0
+	}
+	cost := p.PrefillLoadScale*uncached + float64(in.DecodeCostBlocks) +
 		p.DecodeActiveRequestWeight*float64(in.ActiveRequests)
 	if in.HasTaintMultiplier {
 		cost *= in.TaintMultiplier

@@ -540,26 +540,28 @@ func TestProvider(t *testing.T) {
 
 // BenchmarkBuiltinSelect runs the built-in policy over N candidates.
 func BenchmarkBuiltinSelect(b *testing.B) {
-	for _, n := range []int{32, 1024} {
-		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
-			gen := rand.New(rand.NewPCG(1, 2))
-			s := make(policytest.Source, n)
-			for i := range s {
-				s[i] = policytest.Candidate{Worker: policies.Worker{WorkerID: uint64(i)}, Device: gen.IntN(32), Prefill: gen.IntN(4096), DecodeCost: gen.IntN(300)}
-			}
-			cfg := policies.DefaultRouterConfig()
-			cfg.OverlapScoreCreditDecay = 1
-			p, _ := defaultcost.Builtin()(cfg, "select", policies.PartitionID{})
-			ctx := ctxWith(rand.New(rand.NewPCG(1, 1)), nil)
-			ws := s.Workers()
-			var src policies.InputSource = s // convert once: a slice-to-interface conversion allocates
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if _, err := p.Select(ctx, ws, src); err != nil {
-					b.Fatal(err)
+	for _, decay := range []float64{0, 1} {
+		for _, n := range []int{2, 32, 1024, 10000} {
+			b.Run(fmt.Sprintf("decay=%g/N=%d", decay, n), func(b *testing.B) {
+				gen := rand.New(rand.NewPCG(1, 2))
+				s := make(policytest.Source, n)
+				for i := range s {
+					s[i] = policytest.Candidate{Worker: policies.Worker{WorkerID: uint64(i)}, Device: gen.IntN(32), Prefill: gen.IntN(4096), DecodeCost: gen.IntN(300)}
 				}
-			}
-		})
+				cfg := policies.DefaultRouterConfig()
+				cfg.OverlapScoreCreditDecay = decay
+				p, _ := defaultcost.Builtin()(cfg, "select", policies.PartitionID{})
+				ctx := ctxWith(rand.New(rand.NewPCG(1, 1)), nil)
+				ws := s.Workers()
+				var src policies.InputSource = s // convert once: a slice-to-interface conversion allocates
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if _, err := p.Select(ctx, ws, src); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }
