@@ -304,29 +304,36 @@ func (p *WorkerSelectionPolicy) run(ctx *WorkerSelectionContext) (Result, error)
 	// 2. Scorers, candidate-major, summed in declaration order. Every group some scorer declares
 	// is computed once per survivor up front; each scorer then sees only its own groups.
 	p.stage = stageScorer
-	p.scored = p.scored[:0]
+	// Locals instead of fields in the per-candidate loop (fewer loads; the compiler can keep them in
+	// registers), and the rows written by index into a buffer sized once.
+	cur := p.cur
+	scored := p.scored[:len(cur)]
+	workers, have := p.workers, p.have
+	cacheCol, loadCol, routingCol := p.cache[:len(have)], p.load[:len(have)], p.routing[:len(have)]
+	scorers, masks, union := p.scorers, p.scorerMasks[:len(p.scorers)], p.scorerUnion
 	c := &p.cand
-	for row, i := range p.cur {
-		if p.scorerUnion&^p.have[i] != 0 {
-			p.compute(i, p.scorerUnion)
+	for row, i := range cur {
+		if union&^have[i] != 0 {
+			p.compute(i, union)
 		}
-		c.worker = p.workers[i]
+		c.worker = workers[i]
 		total := 0.0
-		for si, s := range p.scorers {
+		for si, s := range scorers {
 			p.component = si
-			m := p.scorerMasks[si]
+			m := masks[si]
 			c.mask = m
 			if m&InputsCache != 0 {
-				c.cache = p.cache[i]
+				c.cache = cacheCol[i]
 			}
 			if m&InputsLoad != 0 {
-				c.load = p.load[i]
+				c.load = loadCol[i]
 			}
 			if m&InputsRouting != 0 {
-				c.routing = p.routing[i]
+				c.routing = routingCol[i]
 			}
 			v, err := s.Score(ctx, c)
 			if err != nil {
+				p.scored = scored[:row]
 				return Result{}, p.wrapComponentError(err)
 			}
 			// total was finite, so total+v is non-finite iff v is or the sum overflows.
@@ -336,11 +343,13 @@ func (p *WorkerSelectionPolicy) run(ctx *WorkerSelectionContext) (Result, error)
 				if v-v != 0 {
 					bad = v
 				}
+				p.scored = scored[:row]
 				return Result{}, &NonFiniteCostError{ScorerIndex: si, Row: row, Worker: c.worker, Value: bad}
 			}
 		}
-		p.scored = append(p.scored, ScoredWorkerCandidate{worker: c.worker, cost: total})
+		scored[row] = ScoredWorkerCandidate{worker: c.worker, cost: total}
 	}
+	p.scored = scored
 
 	// 3. Picker.
 	p.stage, p.component = stagePicker, 0

@@ -365,19 +365,13 @@ func tail(path string) string {
 	return strings.Join(lines, " | ")
 }
 
-// policyConfig renders the generated worker_selection YAML: one instance per policy type, named
-// after the type (with no parameters), so every baseline is selected by name through the
-// catalog's override resolution (DYN_ROUTER_WORKER_SELECTION_POLICY; selection-service.md §18.1).
-func policyConfig(types []string) ([]byte, error) {
-	cfg := catalog.Config{WorkerSelection: &catalog.WorkerSelection{Default: catalog.DefaultName}}
-	seen := map[string]bool{}
-	for _, t := range types {
-		if t == catalog.DefaultName || seen[t] {
-			continue
-		}
-		seen[t] = true
-		cfg.WorkerSelection.Instances = append(cfg.WorkerSelection.Instances, catalog.Instance{Name: t, Type: t})
-	}
+// policyConfig renders the generated worker_selection YAML from the baselines' instances (see
+// policyInstances: a parameterless policy is one instance named after its type, an entry with
+// parameters gets its own instance, --policy-config instances are copied), so every baseline is
+// selected by name through the catalog's override resolution (DYN_ROUTER_WORKER_SELECTION_POLICY;
+// selection-service.md §18.1).
+func policyConfig(instances []catalog.Instance) ([]byte, error) {
+	cfg := catalog.Config{WorkerSelection: &catalog.WorkerSelection{Default: catalog.DefaultName, Instances: instances}}
 	data, err := yaml.Marshal(cfg)
 	if err != nil {
 		return nil, err

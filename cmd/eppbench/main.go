@@ -41,7 +41,8 @@ type Options struct {
 	CapacityBlocks   int      // --capacity-blocks: per worker (0 = workload default)
 	BlockSize        int      // --block-size: tokens
 	Baselines        string   // --baselines: comma list of routers
-	Policies         string   // --policies: extra catalog policy types
+	Policies         string   // --policies: extra catalog policy types, name[:key=value,…]
+	PolicyConfig     string   // --policy-config: worker_selection YAML whose instances are extra routers
 	Seed             uint64   // --seed: workload and simulator seed
 	Out              string   // --out: output directory
 	PrefillUsPerTok  float64  // --prefill-us-per-token: µs
@@ -106,7 +107,8 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.IntVar(&o.CapacityBlocks, "capacity-blocks", 0, fmt.Sprintf("prefix-cache capacity per worker, blocks (0 = %d for the chat demo, %d for traces)", synthCapacity, traceCapacity))
 	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "KV block size, tokens (must divide 512 for traces)")
 	fs.StringVar(&o.Baselines, "baselines", o.Baselines, "routers to compare, comma list: kvepp, kvepp-approx, or any catalog policy type")
-	fs.StringVar(&o.Policies, "policies", "", "extra catalog policy types to compare, comma list (added to --baselines)")
+	fs.StringVar(&o.Policies, "policies", "", "extra catalog policies to compare, comma list of name[:key=value[,key=value…]] (values are YAML scalars), e.g. least-busy:min_device_overlap_blocks=2 (added to --baselines)")
+	fs.StringVar(&o.PolicyConfig, "policy-config", "", "worker_selection YAML file whose instances are compared as extra routers, named after each instance")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the workload and the simulator")
 	fs.StringVar(&o.Out, "out", o.Out, "output directory (result.json, chart.svg, kvepp logs)")
 	fs.Float64Var(&o.PrefillUsPerTok, "prefill-us-per-token", o.PrefillUsPerTok, "simulated prefill time per uncached prompt token, µs")
@@ -182,35 +184,6 @@ func (o *Options) validate() error {
 	}
 	_, err := o.baselines()
 	return err
-}
-
-// baselines expands --baselines and --policies into the routers to run.
-func (o *Options) baselines() ([]Baseline, error) {
-	var out []Baseline
-	seen := map[string]bool{}
-	for _, list := range []string{o.Baselines, o.Policies} {
-		for _, name := range strings.Split(list, ",") {
-			name = strings.TrimSpace(name)
-			if name == "" || seen[name] {
-				continue
-			}
-			seen[name] = true
-			switch name {
-			case "kvepp":
-				out = append(out, Baseline{Name: "kvepp", Instance: "default", UseKVEvents: true})
-			case "kvepp-approx":
-				out = append(out, Baseline{Name: "kvepp-approx", Instance: "default", UseKVEvents: false})
-			case "default":
-				return nil, errors.New(`--baselines/--policies: use "kvepp" for the built-in policy (with KV events) or "kvepp-approx" (approximate mode)`)
-			default:
-				out = append(out, Baseline{Name: name, Instance: name, UseKVEvents: true})
-			}
-		}
-	}
-	if len(out) == 0 {
-		return nil, errors.New("--baselines and --policies name no router")
-	}
-	return out, nil
 }
 
 func main() {
@@ -326,17 +299,19 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 		}
 	}
 	reg := catalog.Builtins()
-	var types, instances []string
+	if err := checkBaselines(reg, baselines); err != nil {
+		return nil, err
+	}
+	var instances []string
 	for _, b := range baselines {
-		types = append(types, b.Instance)
 		instances = append(instances, b.Instance)
 	}
-	doc, err := policyConfig(types)
+	doc, err := policyConfig(policyInstances(baselines))
 	if err != nil {
 		return nil, fmt.Errorf("policy config: %w", err)
 	}
 	if err := validatePolicies(reg, doc, instances); err != nil {
-		return nil, fmt.Errorf("--baselines/--policies: %w", err)
+		return nil, fmt.Errorf("policy config: %w", err)
 	}
 	policyPath := filepath.Join(absWork, "policies.yaml")
 	if err := os.WriteFile(policyPath, doc, 0o644); err != nil {
@@ -416,6 +391,7 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 		}
 	}
 	res.WallSeconds = time.Since(began).Seconds()
+	res.Warnings = saturationWarnings(res)
 	if len(res.Baselines) > 0 {
 		if err := writeJSON(filepath.Join(o.Out, "result.json"), res); err != nil {
 			return res, errors.Join(runErr, err)

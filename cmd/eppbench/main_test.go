@@ -84,23 +84,24 @@ func TestBaselines(t *testing.T) {
 func TestPolicyResolution(t *testing.T) {
 	reg := catalog.Builtins()
 	t.Run("every default baseline resolves through the catalog", func(t *testing.T) {
-		types := []string{"default", "round-robin", "random", "least-active-requests"}
-		doc, err := policyConfig(types)
+		o := defaultOptions()
+		bs, err := o.baselines()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := validatePolicies(reg, doc, types); err != nil {
-			t.Fatal(err)
+		var instances []string
+		for _, b := range bs {
+			instances = append(instances, b.Instance)
 		}
-	})
-	t.Run("an unknown policy name fails before anything starts", func(t *testing.T) {
-		doc, err := policyConfig([]string{"no-such-policy"})
+		doc, err := policyConfig(policyInstances(bs))
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = validatePolicies(reg, doc, []string{"no-such-policy"})
-		if err == nil || !strings.Contains(err.Error(), `unknown policy type "no-such-policy"`) {
-			t.Fatalf("error %v", err)
+		if err := validatePolicies(reg, doc, instances); err != nil {
+			t.Fatal(err)
+		}
+		if err := checkBaselines(reg, bs); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

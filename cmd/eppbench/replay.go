@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -32,6 +33,12 @@ type Baseline struct {
 	Instance string
 	// UseKVEvents selects event-driven indexing (true) or approximate mode (false).
 	UseKVEvents bool
+	// Type is the catalog policy type of Instance ("" for the built-in policy).
+	Type string
+	// Params are the instance's parameters as a JSON object (nil = none).
+	Params json.RawMessage
+	// Source names where the router was asked for, e.g. `--policies "least-busy"`, for errors.
+	Source string
 }
 
 // SimConfig is the simulated worker pool. Durations are simulated time.

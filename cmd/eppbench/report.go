@@ -21,6 +21,8 @@ type Result struct {
 	Started string `json:"started"`
 	// WallSeconds is the whole run's wall-clock time.
 	WallSeconds float64 `json:"wall_seconds"`
+	// Warnings are printed under the table, e.g. a saturated router (see saturationWarning).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // WorkloadInfo describes the replayed workload.
@@ -312,6 +314,53 @@ func writeTable(out io.Writer, res *Result) {
 	fmt.Fprintln(out, "output tok/s are in simulated time (wall × speedup). Decision = kvepp's routing latency measured at the")
 	fmt.Fprintln(out, "proxy in wall time (body end_of_stream sent → routing reply). kvepp CPU = the kvepp process's user+system")
 	fmt.Fprintln(out, "CPU seconds during the replay.")
+	for _, w := range res.Warnings {
+		fmt.Fprintf(out, "\n**Warning:** %s\n", w)
+	}
+}
+
+// Saturation thresholds (saturationWarning).
+const (
+	saturatedThroughput = 0.9 // completion rate below this fraction of the arrival rate
+	saturatedQueueShare = 0.5 // median queue wait above this fraction of median TTFT
+)
+
+// saturationWarnings returns one warning per saturated router of res.
+func saturationWarnings(res *Result) []string {
+	var out []string
+	for _, b := range res.Baselines {
+		if w := saturationWarning(b, res.Workload); w != "" {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// saturationWarning reports, or returns "", that router b's simulated workers were saturated:
+// requests arrived faster than they completed (completion rate < 0.9 × arrival rate), or queue
+// wait dominates TTFT (median queue > half the median TTFT). The arrival rate counts the workload's
+// requests over its span plus one median service time (E2E − queue, p50), so the drain of the
+// last requests after the last arrival is not mistaken for saturation.
+func saturationWarning(b BaselineResult, w WorkloadInfo) string {
+	if b.Completed == 0 || w.SpanSeconds <= 0 || w.Requests == 0 {
+		return ""
+	}
+	arrival := float64(w.Requests) / w.SpanSeconds
+	service := max(0, b.E2Ems.P50-b.QueueMs.P50) / 1000
+	expected := float64(w.Requests) / (w.SpanSeconds + service)
+	var why []string
+	if b.RequestsPerSecond < saturatedThroughput*expected {
+		why = append(why, fmt.Sprintf("completes %.2f req/s while %.2f req/s arrive", b.RequestsPerSecond, arrival))
+	}
+	if b.TTFTms.P50 > 0 && b.QueueMs.P50 > saturatedQueueShare*b.TTFTms.P50 {
+		why = append(why, fmt.Sprintf("queue wait p50 %s is %.0f %% of TTFT p50 %s", fmtMs(b.QueueMs.P50), 100*b.QueueMs.P50/b.TTFTms.P50, fmtMs(b.TTFTms.P50)))
+	}
+	if len(why) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("router %q saturated the simulated workers (%s, simulated time); its figures are unstable from run to run. "+
+		"Use more --workers, fewer requests (--limit) or a cheaper timing model (--prefill-us-per-token); if dispatch_lag_ms "+
+		"in result.json is high, the machine is the bottleneck: lower --speedup.", b.Name, strings.Join(why, "; "))
 }
 
 func fmtMs(ms float64) string {

@@ -82,7 +82,13 @@ func WeightedCachedBlocks(p Params, deviceBlocks, hostExtBlocks, diskExtBlocks i
 // CachedTokens is max(0, round(WeightedCachedBlocks × blockSize)) in tokens (§9.1; rounding half
 // away from zero). Example: device 2, host 3, disk+external 9, weights 0.5/0.25, bs 16 → 92.
 func CachedTokens(p Params, deviceBlocks, hostExtBlocks, diskExtBlocks, blockSize int) int {
-	v := math.Round(WeightedCachedBlocks(p, deviceBlocks, hostExtBlocks, diskExtBlocks) * float64(blockSize))
+	return cachedTokens(&p, deviceBlocks, hostExtBlocks, diskExtBlocks, blockSize)
+}
+
+// cachedTokens is CachedTokens without copying p (the per-candidate path).
+func cachedTokens(p *Params, deviceBlocks, hostExtBlocks, diskExtBlocks, blockSize int) int {
+	w := float64(deviceBlocks) + p.HostCacheHitWeight*float64(hostExtBlocks) + p.DiskCacheHitWeight*float64(diskExtBlocks)
+	v := math.Round(w * float64(blockSize))
 	if !(v > 0) {
 		return 0
 	}
@@ -155,23 +161,49 @@ func CreditDecay(p Params, in Inputs) float64 {
 // Worked example (§9.7): A (device 8, host 4, prefill 1024, decode 132) → 217; B (nothing cached,
 // prefill 0, decode 82) → 114; with decay 1 and B's prefill as the minimum, A → 222.33.
 func Cost(p Params, in Inputs) float64 {
+	return cost(&p, in.ISLTokens, in.BlockSize, in.TrackPrefillTokens, in.DeviceBlocks, in.HostExtBlocks,
+		in.DiskExtBlocks, in.ActivePrefillTokens, in.MinActivePrefillTokens, in.DecodeCostBlocks,
+		in.ActiveRequests, in.TaintMultiplier, in.HasTaintMultiplier)
+}
+
+// cost is Cost on scalar arguments (the per-candidate path of Scorer.Score builds no Inputs and
+// copies no Params). The expressions are Cost's, unchanged, so results are bit-identical.
+func cost(p *Params, isl, bs int, track bool, device, hostExt, diskExt, active, minActive, decode, requests int,
+	taint float64, hasTaint bool) float64 {
 	var rawBlocks float64
-	if in.TrackPrefillTokens && in.BlockSize > 0 {
-		cached := CachedTokens(p, in.DeviceBlocks, in.HostExtBlocks, in.DiskExtBlocks, in.BlockSize)
-		rawBlocks = float64(in.ActivePrefillTokens+max(in.ISLTokens, cached)) / float64(in.BlockSize)
+	decay := 1.0
+	if bs > 0 {
+		if track {
+			// cachedTokens, inlined by hand (too large for the compiler).
+			var cached int
+			w := float64(device) + p.HostCacheHitWeight*float64(hostExt) + p.DiskCacheHitWeight*float64(diskExt)
+			if v := math.Round(w * float64(bs)); v >= math.MaxInt64 {
+				cached = math.MaxInt64
+			} else if v > 0 {
+				cached = int(v)
+			}
+			rawBlocks = float64(active+max(isl, cached)) / float64(bs)
+			if !(p.OverlapScoreCreditDecay <= 0) { // CreditDecay, inlined (a NaN decay is applied, as there)
+				excess := float64(active-minActive) / float64(bs)
+				if !(excess <= 0) {
+					normalized := excess / float64(max(RequestBlocks(isl, bs), 1))
+					decay = 1 / (1 + p.OverlapScoreCreditDecay*normalized)
+				}
+			}
+		}
 	}
-	credit := p.OverlapScoreCredit*CreditDecay(p, in)*float64(in.DeviceBlocks) +
-		p.HostCacheHitWeight*float64(in.HostExtBlocks) + p.DiskCacheHitWeight*float64(in.DiskExtBlocks)
+	credit := p.OverlapScoreCredit*decay*float64(device) +
+		p.HostCacheHitWeight*float64(hostExt) + p.DiskCacheHitWeight*float64(diskExt)
 	uncached := rawBlocks - credit
 	if uncached < 0 { // max(0, ·) without math.Max's ±0/NaN handling (a NaN stays NaN and is rejected by the host)
 		uncached = 0
 	}
-	cost := p.PrefillLoadScale*uncached + float64(in.DecodeCostBlocks) +
-		p.DecodeActiveRequestWeight*float64(in.ActiveRequests)
-	if in.HasTaintMultiplier {
-		cost *= in.TaintMultiplier
+	c := p.PrefillLoadScale*uncached + float64(decode) +
+		p.DecodeActiveRequestWeight*float64(requests)
+	if hasTaint {
+		c *= taint
 	}
-	return cost
+	return c
 }
 
 func intN(r *rand.Rand, n int) int {

@@ -37,33 +37,35 @@ func (s *Scorer) Score(ctx *policies.WorkerSelectionContext, c *policies.WorkerC
 	if cache == nil || load == nil {
 		return 0, policies.Failed(TypeName + ": cache and load inputs are required")
 	}
-	p := s.params
+	p := &s.params
+	var local Params // the parameters with this request's overrides, only when it has some
 	if s.overrides {
-		if v, ok := ctx.OverlapScoreCreditOverride(); ok {
-			p.OverlapScoreCredit = v
+		credit, okCredit := ctx.OverlapScoreCreditOverride()
+		scale, okScale := ctx.PrefillLoadScaleOverride()
+		if okCredit || okScale {
+			local = s.params
+			if okCredit {
+				local.OverlapScoreCredit = credit
+			}
+			if okScale {
+				local.PrefillLoadScale = scale
+			}
+			p = &local
 		}
-		if v, ok := ctx.PrefillLoadScaleOverride(); ok {
-			p.PrefillLoadScale = v
-		}
 	}
-	in := Inputs{
-		ISLTokens:           ctx.ISLTokens(),
-		BlockSize:           ctx.BlockSize(),
-		TrackPrefillTokens:  ctx.TracksPrefillTokens(),
-		DeviceBlocks:        cache.DeviceOverlapBlocks(),
-		HostExtBlocks:       cache.HostOverlapBlocks(),
-		DiskExtBlocks:       cache.DiskOverlapBlocks(),
-		ActivePrefillTokens: load.ActivePrefillTokens(),
-		DecodeCostBlocks:    load.DecodeCostBlocks(),
-		ActiveRequests:      load.ActiveRequests(),
+	track := ctx.TracksPrefillTokens()
+	var minActive int
+	if track && p.OverlapScoreCreditDecay > 0 {
+		minActive = ctx.MinActivePrefillTokens()
 	}
-	if in.TrackPrefillTokens && p.OverlapScoreCreditDecay > 0 {
-		in.MinActivePrefillTokens = ctx.MinActivePrefillTokens()
-	}
+	var taint float64
+	var hasTaint bool
 	if r := c.Routing(); r != nil {
-		in.TaintMultiplier, in.HasTaintMultiplier = r.PreferredTaintMultiplier()
+		taint, hasTaint = r.PreferredTaintMultiplier()
 	}
-	return Cost(p, in), nil
+	return cost(p, ctx.ISLTokens(), ctx.BlockSize(), track, cache.DeviceOverlapBlocks(), cache.HostOverlapBlocks(),
+		cache.DiskOverlapBlocks(), load.ActivePrefillTokens(), minActive, load.DecodeCostBlocks(),
+		load.ActiveRequests(), taint, hasTaint), nil
 }
 
 // Picker is the §9.4 picking rule as a policies.WorkerPicker: minimum cost with uniform random

@@ -1,0 +1,223 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvepp/kvepp/catalog"
+)
+
+// policyEntry is one router named on the command line: a name (kvepp, kvepp-approx or a catalog
+// policy type) with optional parameters, as written in flag (e.g. "--policies").
+type policyEntry struct {
+	Flag   string          // "--baselines" or "--policies"
+	Text   string          // the entry as the user wrote it, e.g. "least-busy:min_device_overlap_blocks=2"
+	Name   string          // the router or policy type name
+	Params json.RawMessage // JSON object of the parameters; nil when none were given
+}
+
+// source names the entry and the flag it came from, for error messages.
+func (e policyEntry) source() string { return fmt.Sprintf("%s %q", e.Flag, e.Text) }
+
+// parsePolicyList splits a --baselines/--policies value into entries. Each entry is
+// name[:key=value[,key=value…]]; since entries are comma-separated too, a comma-separated piece
+// that contains "=" continues the parameters of the entry before it, and any other piece starts a
+// new entry. Values are YAML scalars (2 → number, true → bool, "a b" or a → string).
+func parsePolicyList(flagName, list string) ([]policyEntry, error) {
+	var out []policyEntry
+	for _, piece := range strings.Split(list, ",") {
+		piece = strings.TrimSpace(piece)
+		if piece == "" {
+			continue
+		}
+		name, param, hasParam := strings.Cut(piece, ":")
+		if !hasParam && strings.Contains(piece, "=") {
+			if len(out) == 0 || out[len(out)-1].Params == nil {
+				return nil, fmt.Errorf("%s %q: parameters need a policy name first: name:key=value[,key=value…]", flagName, piece)
+			}
+			e := &out[len(out)-1]
+			e.Text += "," + piece
+			if err := addParam(e, piece); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		e := policyEntry{Flag: flagName, Text: piece, Name: strings.TrimSpace(name)}
+		if e.Name == "" {
+			return nil, fmt.Errorf("%s %q: missing policy name", flagName, piece)
+		}
+		if hasParam {
+			e.Params = json.RawMessage("{}")
+			if err := addParam(&e, param); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// addParam parses one key=value into e.Params.
+func addParam(e *policyEntry, kv string) error {
+	k, v, ok := strings.Cut(kv, "=")
+	k = strings.TrimSpace(k)
+	if !ok || k == "" {
+		return fmt.Errorf("%s: want key=value after the policy name, got %q", e.source(), kv)
+	}
+	m := map[string]any{}
+	if err := json.Unmarshal(e.Params, &m); err != nil {
+		return err
+	}
+	if _, dup := m[k]; dup {
+		return fmt.Errorf("%s: parameter %q given twice", e.source(), k)
+	}
+	var val any
+	if err := yaml.Unmarshal([]byte(strings.TrimSpace(v)), &val); err != nil {
+		return fmt.Errorf("%s: parameter %q: value %q is not a YAML scalar: %v", e.source(), k, v, err)
+	}
+	switch val.(type) {
+	case map[string]any, []any:
+		return fmt.Errorf("%s: parameter %q: value %q is not a scalar (use --policy-config for structured parameters)", e.source(), k, v)
+	}
+	m[k] = val
+	data, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	e.Params = data
+	return nil
+}
+
+// paramInstanceName names the generated instance of the n-th (1-based) entry with parameters.
+func paramInstanceName(typ string, n int) string {
+	name := fmt.Sprintf("%s-p%d", typ, n)
+	if !catalog.ValidName(name) {
+		name = fmt.Sprintf("policy-p%d", n)
+	}
+	return name
+}
+
+// baselines expands --baselines, --policies and --policy-config into the routers to run.
+func (o *Options) baselines() ([]Baseline, error) {
+	var entries []policyEntry
+	for _, f := range []struct{ flag, list string }{{"--baselines", o.Baselines}, {"--policies", o.Policies}} {
+		es, err := parsePolicyList(f.flag, f.list)
+		if err != nil {
+			return nil, err
+		}
+		entries = append(entries, es...)
+	}
+	var out []Baseline
+	seen := map[string]string{} // display name → source
+	instances := map[string]bool{}
+	nParam := 0
+	for _, e := range entries {
+		key := e.Name
+		if e.Params != nil {
+			key = e.Text
+		}
+		if seen[key] != "" {
+			continue // the same router twice: run it once
+		}
+		seen[key] = e.source()
+		switch {
+		case e.Name == catalog.DefaultName:
+			return nil, fmt.Errorf(`%s: use "kvepp" for the built-in policy (with KV events) or "kvepp-approx" (approximate mode)`, e.source())
+		case (e.Name == "kvepp" || e.Name == "kvepp-approx") && e.Params != nil:
+			return nil, fmt.Errorf("%s: the built-in policy takes no parameters here; tune it with --kvepp-env DYN_ROUTER_…=…", e.source())
+		case e.Name == "kvepp":
+			out = append(out, Baseline{Name: "kvepp", Instance: catalog.DefaultName, UseKVEvents: true, Source: e.source()})
+		case e.Name == "kvepp-approx":
+			out = append(out, Baseline{Name: "kvepp-approx", Instance: catalog.DefaultName, UseKVEvents: false, Source: e.source()})
+		case e.Params == nil:
+			out = append(out, Baseline{Name: e.Name, Instance: e.Name, Type: e.Name, UseKVEvents: true, Source: e.source()})
+			instances[e.Name] = true
+		default:
+			nParam++
+			b := Baseline{Name: e.Text, Instance: paramInstanceName(e.Name, nParam), Type: e.Name, Params: e.Params, UseKVEvents: true, Source: e.source()}
+			out = append(out, b)
+			instances[b.Instance] = true
+		}
+	}
+	if o.PolicyConfig != "" {
+		data, err := os.ReadFile(o.PolicyConfig)
+		if err != nil {
+			return nil, fmt.Errorf("--policy-config: %w", err)
+		}
+		cfg, err := catalog.ParseConfig(data)
+		if err != nil {
+			return nil, fmt.Errorf("--policy-config %s: %w", o.PolicyConfig, err)
+		}
+		if cfg.WorkerSelection == nil || len(cfg.WorkerSelection.Instances) == 0 {
+			return nil, fmt.Errorf("--policy-config %s: no worker_selection.instances", o.PolicyConfig)
+		}
+		for _, in := range cfg.WorkerSelection.Instances {
+			src := fmt.Sprintf("--policy-config %s instance %q", o.PolicyConfig, in.Name)
+			if prev := seen[in.Name]; prev != "" || instances[in.Name] {
+				if prev == "" {
+					prev = "a generated instance"
+				}
+				return nil, fmt.Errorf("%s: the name is already taken by %s; rename the instance", src, prev)
+			}
+			seen[in.Name] = src
+			instances[in.Name] = true
+			out = append(out, Baseline{Name: in.Name, Instance: in.Name, Type: in.Type, Params: in.Parameters, UseKVEvents: true, Source: src})
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("--baselines, --policies and --policy-config name no router")
+	}
+	return out, nil
+}
+
+// policyInstances are the worker_selection instances of the non-built-in baselines.
+func policyInstances(baselines []Baseline) []catalog.Instance {
+	var out []catalog.Instance
+	seen := map[string]bool{}
+	for _, b := range baselines {
+		if b.Instance == catalog.DefaultName || seen[b.Instance] {
+			continue
+		}
+		seen[b.Instance] = true
+		typ := b.Type
+		if typ == "" {
+			typ = b.Instance
+		}
+		out = append(out, catalog.Instance{Name: b.Instance, Type: typ, Parameters: b.Params})
+	}
+	return out
+}
+
+// checkBaselines resolves every baseline's instance through the catalog on its own, before
+// anything starts, so a mistake is reported against the entry the user wrote and the flag it came
+// from (not an index into the generated YAML), e.g.
+// `--policies "no-such-policy": unknown policy type; registered: …`.
+func checkBaselines(reg *catalog.Registry, baselines []Baseline) error {
+	for _, b := range baselines {
+		if b.Instance == catalog.DefaultName {
+			continue
+		}
+		insts := policyInstances([]Baseline{b})
+		if _, ok := reg.Lookup(insts[0].Type); !ok {
+			return fmt.Errorf("%s: unknown policy type %q; registered: %s", b.Source, insts[0].Type, strings.Join(reg.Types(), ", "))
+		}
+		doc, err := policyConfig(insts)
+		if err == nil {
+			err = validatePolicies(reg, doc, []string{b.Instance})
+		}
+		if err != nil {
+			msg := err.Error()
+			const prefix = "policy config: worker_selection.instances["
+			if i := strings.Index(msg, "): "); strings.HasPrefix(msg, prefix) && i >= 0 {
+				msg = msg[i+len("): "):]
+			}
+			return fmt.Errorf("%s: %s", b.Source, msg)
+		}
+	}
+	return nil
+}
