@@ -201,8 +201,9 @@ func (st *stream) noteRequestMetadata(req *extprocv3.ProcessingRequest) {
 	}
 }
 
-// noteResponseMetadata compares the served endpoint with the primary once (epp.md §6.3). Moving the
-// booking to the served worker is not implemented: a difference is logged and counted.
+// noteResponseMetadata compares the served endpoint with the primary once (epp.md §6.3). The booking
+// stays on the primary; a difference is logged and counted in served_endpoint_mismatch_total so an
+// operator sees proxies that override the pick.
 func (st *stream) noteResponseMetadata(req *extprocv3.ProcessingRequest) {
 	if st.servedChecked || st.primary == "" {
 		return

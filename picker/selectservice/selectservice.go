@@ -221,7 +221,7 @@ func (c Config) Validate() error {
 	case c.TrackingHash != TrackingHashPublic:
 		return bad("--router-tracking-hash must be %s, got %q", TrackingHashPublic, c.TrackingHash)
 	case c.TrackingKeyFile != "" || c.TrackingKeyID != "":
-		return bad("--router-tracking-key-file and --router-tracking-key-id are not supported (keyed tracking hashes are not implemented)")
+		return bad("--router-tracking-key-file and --router-tracking-key-id are not supported (only public-xxh3-v1 tracking hashes are supported, selection-service.md §6.4)")
 	}
 	for _, p := range c.IndexerPeers {
 		if !strings.HasPrefix(p, "http://") && !strings.HasPrefix(p, "https://") {
