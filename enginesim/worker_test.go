@@ -161,7 +161,11 @@ func TestQueuedRequestCanBeCanceled(t *testing.T) {
 }
 
 func TestSerialPrefill(t *testing.T) {
-	w := startWorker(t, Config{SerialPrefill: true, TimeScale: 0.1, PrefillOverhead: 300 * time.Millisecond})
+	// TimeScale 1 and a 300 ms prefill make the second request arrive while the first one is
+	// still in prefill even on a loaded machine; the assertion compares wall-clock instants, so
+	// late goroutine scheduling cannot make it fail.
+	const prefill = 300 * time.Millisecond
+	w := startWorker(t, Config{SerialPrefill: true, TimeScale: 1, PrefillOverhead: prefill})
 	var wg sync.WaitGroup
 	recs := make([]RequestRecord, 2)
 	for i := range recs {
@@ -175,9 +179,14 @@ func TestSerialPrefill(t *testing.T) {
 	if s := w.Stats(); s.PeakRunning != 2 {
 		t.Errorf("peak running %d, want 2 (both admitted)", s.PeakRunning)
 	}
-	slices.SortFunc(recs, func(a, b RequestRecord) int { return int(a.Queue - b.Queue) })
-	if recs[1].Queue < 200*time.Millisecond {
-		t.Errorf("the second prefill queued only %v behind a 300ms prefill", recs[1].Queue)
+	slices.SortFunc(recs, func(a, b RequestRecord) int { return a.Arrival.Compare(b.Arrival) })
+	firstEnd := recs[0].Arrival.Add(recs[0].Queue + prefill)
+	if !recs[1].Arrival.Before(firstEnd) {
+		t.Fatalf("the second request arrived %v after the first prefill ended; the test needs them to overlap", recs[1].Arrival.Sub(firstEnd))
+	}
+	secondStart := recs[1].Arrival.Add(recs[1].Queue)
+	if slack := 5 * time.Millisecond; secondStart.Before(firstEnd.Add(-slack)) {
+		t.Errorf("the second prefill started %v before the first one ended: prefills overlapped", firstEnd.Sub(secondStart))
 	}
 }
 
