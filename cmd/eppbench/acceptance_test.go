@@ -32,7 +32,10 @@ func acceptanceOptions(t *testing.T) Options {
 	o := defaultOptions()
 	o.Trace = sharedtest.Path(t, "traces", "mooncake_conversation_trace.jsonl")
 	o.Limit = 1000
-	o.Speedup = 15
+	// Speedup 7.5 (not higher): wall-clock delays become simulated time multiplied by the speedup,
+	// and under -race on a loaded 2-core CI machine a speedup of 15 inflated bookings enough to cost
+	// kvepp several points of hit rate (measured: 78 % of ideal at 15, 87 % at 7.5, with two busy cores).
+	o.Speedup = 7.5
 	o.Workers = 8
 	o.TraceBlockTokens = 64 // an eighth of the tokens, the same sharing: cheap enough for -race
 	o.BlockSize = 16
@@ -53,13 +56,13 @@ func acceptanceOptions(t *testing.T) Options {
 
 func TestAcceptanceConversationTrace(t *testing.T) {
 	if testing.Short() {
-		t.Skip("replays 1,000 trace requests twice (about a minute)")
+		t.Skip("replays 1,000 trace requests twice (about 1.5 minutes)")
 	}
 	o := acceptanceOptions(t)
 	if _, err := os.Stat(o.Trace); err != nil {
 		t.Skipf("trace not available: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel()
 	start := time.Now()
 	res, err := Run(ctx, o, nil, false)
