@@ -510,15 +510,22 @@ func (h *Handler) upsertWorker(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) listWorkers(w http.ResponseWriter, r *http.Request) {
+	listByPartition(w, r, h.core.Workers)
+}
+
+// listByPartition answers a GET that lists rows filtered by the optional model_name and
+// routing_group query parameters (GET /workers §4.5, GET /loads §14.1): 200 with a JSON array,
+// [] when nothing matches, 400 for a malformed query string.
+func listByPartition[T any](w http.ResponseWriter, r *http.Request, list func(model, group string) []T) {
 	q, ok := query(w, r)
 	if !ok {
 		return
 	}
-	ws := h.core.Workers(q.Get("model_name"), q.Get("routing_group"))
-	if ws == nil {
-		ws = []picker.WorkerState{}
+	rows := list(q.Get("model_name"), q.Get("routing_group"))
+	if rows == nil {
+		rows = []T{}
 	}
-	writeJSON(w, http.StatusOK, ws)
+	writeJSON(w, http.StatusOK, rows)
 }
 
 // query parses the query string strictly (a malformed escape such as %ZZ or a ';' separator is
@@ -624,15 +631,7 @@ func (h *Handler) selectAndReserve(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) loads(w http.ResponseWriter, r *http.Request) {
-	q, ok := query(w, r)
-	if !ok {
-		return
-	}
-	ls := h.core.Loads(q.Get("model_name"), q.Get("routing_group"))
-	if ls == nil {
-		ls = []picker.PartitionLoads{}
-	}
-	writeJSON(w, http.StatusOK, ls)
+	listByPartition(w, r, h.core.Loads)
 }
 
 // isDraining reports whether Options.Draining says the process is draining.

@@ -13,56 +13,10 @@ import (
 	"github.com/kvepp/kvepp/policies"
 )
 
-// Params are the cost function's parameters (selection-service.md §9.2, §17.4). All are finite
-// and ≥ 0.
-type Params struct {
-	// OverlapScoreCredit scales the device-overlap credit (blocks of credit per device block).
-	OverlapScoreCredit float64
-	// PrefillLoadScale scales the prefill term.
-	PrefillLoadScale float64
-	// RouterTemperature is the softmax temperature T of §9.4 (0 = minimum cost).
-	RouterTemperature float64
-	// OverlapScoreCreditDecay decays the credit of candidates with more active prefill than the
-	// least-loaded survivor (0 disables).
-	OverlapScoreCreditDecay float64
-	// DecodeActiveRequestWeight weights active requests in the cost.
-	DecodeActiveRequestWeight float64
-	// HostCacheHitWeight weights host-pinned extension blocks.
-	HostCacheHitWeight float64
-	// DiskCacheHitWeight weights disk (+ external) extension blocks.
-	DiskCacheHitWeight float64
-	// SharedCacheMultiplier is accepted and has no effect (kvepp has no shared cache).
-	SharedCacheMultiplier float64
-}
-
-// ParamsFromConfig copies the cost parameters out of a router configuration.
-func ParamsFromConfig(cfg policies.RouterConfig) Params {
-	return Params{
-		OverlapScoreCredit:        cfg.OverlapScoreCredit,
-		PrefillLoadScale:          cfg.PrefillLoadScale,
-		RouterTemperature:         cfg.RouterTemperature,
-		OverlapScoreCreditDecay:   cfg.OverlapScoreCreditDecay,
-		DecodeActiveRequestWeight: cfg.DecodeActiveRequestWeight,
-		HostCacheHitWeight:        cfg.HostCacheHitWeight,
-		DiskCacheHitWeight:        cfg.DiskCacheHitWeight,
-		SharedCacheMultiplier:     cfg.SharedCacheMultiplier,
-	}
-}
-
-// Validate checks that every parameter is finite and ≥ 0; the error names the first offending
-// parameter by its YAML name.
-func (p Params) Validate() error {
-	return policies.RouterConfig{
-		OverlapScoreCredit:        p.OverlapScoreCredit,
-		PrefillLoadScale:          p.PrefillLoadScale,
-		RouterTemperature:         p.RouterTemperature,
-		OverlapScoreCreditDecay:   p.OverlapScoreCreditDecay,
-		DecodeActiveRequestWeight: p.DecodeActiveRequestWeight,
-		HostCacheHitWeight:        p.HostCacheHitWeight,
-		DiskCacheHitWeight:        p.DiskCacheHitWeight,
-		SharedCacheMultiplier:     p.SharedCacheMultiplier,
-	}.Validate()
-}
+// Params are the cost parameters of §9 (and §17.4's dynamo-default-cost-fn parameters): exactly
+// the router configuration's cost fields, so the policy takes them from policies.RouterConfig
+// unchanged and validates them with its Validate (finite, ≥ 0; the error names the YAML key).
+type Params = policies.RouterConfig
 
 // RequestBlocks is ceil(islTokens / blockSize) in blocks; 0 when either is ≤ 0.
 func RequestBlocks(islTokens, blockSize int) int {

@@ -14,7 +14,7 @@ import (
 )
 
 func defaults() defaultcost.Params {
-	return defaultcost.ParamsFromConfig(policies.DefaultRouterConfig())
+	return policies.DefaultRouterConfig()
 }
 
 func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
@@ -326,7 +326,7 @@ func TestBuiltinPolicy(t *testing.T) {
 			{Worker: policies.Worker{WorkerID: 2}, Device: 8, Host: 4, Prefill: 512, DecodeCost: 132},
 			{Worker: policies.Worker{WorkerID: 3}, Prefill: 1024, DecodeCost: 82},
 		}
-		sc := defaultcost.NewScorer(defaultcost.ParamsFromConfig(cfg))
+		sc := defaultcost.NewScorer(cfg)
 		p, err := policies.NewPolicyWithFilters(cfg, "select", []policies.WorkerFilter{dropWorker(1)}, []policies.WorkerScorer{sc}, defaultcost.NewPicker(0))
 		if err != nil {
 			t.Fatal(err)
@@ -454,7 +454,7 @@ func TestPolicyMatchesDirectFunctions(t *testing.T) {
 			cfg.OverlapScoreCreditDecay = 0.5
 			cfg.DecodeActiveRequestWeight = 0.25
 			p, _ := defaultcost.Builtin()(cfg, "select", policies.PartitionID{})
-			params := defaultcost.ParamsFromConfig(cfg)
+			params := cfg
 			for trial := 0; trial < 300; trial++ {
 				n := 1 + gen.IntN(40)
 				s := make(policytest.Source, n)

@@ -123,7 +123,7 @@ func NewPolicy(cfg policies.RouterConfig, workerType string, p Params, honorOver
 // (`default`): parameters come from the router configuration and per-request overrides apply.
 func Builtin() policies.PolicyFactory {
 	return func(cfg policies.RouterConfig, workerType string, _ policies.PartitionID) (*policies.WorkerSelectionPolicy, error) {
-		return NewPolicy(cfg, workerType, ParamsFromConfig(cfg), true)
+		return NewPolicy(cfg, workerType, cfg, true)
 	}
 }
 
@@ -193,6 +193,6 @@ func Provider(params policies.PolicyParameters) (policies.PolicyFactory, error) 
 		return nil, err
 	}
 	return func(cfg policies.RouterConfig, workerType string, _ policies.PartitionID) (*policies.WorkerSelectionPolicy, error) {
-		return NewPolicy(cfg, workerType, v.apply(ParamsFromConfig(cfg)), false)
+		return NewPolicy(cfg, workerType, v.apply(cfg), false)
 	}, nil
 }

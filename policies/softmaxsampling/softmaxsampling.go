@@ -102,7 +102,7 @@ func Provider(params policies.PolicyParameters) (policies.PolicyFactory, error) 
 		return nil, err
 	}
 	return func(cfg policies.RouterConfig, workerType string, _ policies.PartitionID) (*policies.WorkerSelectionPolicy, error) {
-		costParams := defaultcost.ParamsFromConfig(cfg)
+		costParams := cfg
 		if err := costParams.Validate(); err != nil {
 			return nil, fmt.Errorf("%s: %w", TypeName, err)
 		}

@@ -232,7 +232,7 @@ func (p Parameters) Settings() (Settings, error) {
 // partition has its own group table.
 func New(s Settings) policies.PolicyFactory {
 	return func(cfg policies.RouterConfig, workerType string, _ policies.PartitionID) (*policies.WorkerSelectionPolicy, error) {
-		params := defaultcost.ParamsFromConfig(cfg)
+		params := cfg
 		if err := params.Validate(); err != nil {
 			return nil, fmt.Errorf("%s: %w", TypeName, err)
 		}

@@ -70,7 +70,7 @@ type Parameters struct{}
 // router configuration, which must be valid: errors name the offending setting) and Picker.
 func New() policies.PolicyFactory {
 	return func(cfg policies.RouterConfig, workerType string, _ policies.PartitionID) (*policies.WorkerSelectionPolicy, error) {
-		params := defaultcost.ParamsFromConfig(cfg)
+		params := cfg
 		if err := params.Validate(); err != nil {
 			return nil, fmt.Errorf("%s: %w", TypeName, err)
 		}
