@@ -179,12 +179,15 @@ func TestSerialPrefill(t *testing.T) {
 	if s := w.Stats(); s.PeakRunning != 2 {
 		t.Errorf("peak running %d, want 2 (both admitted)", s.PeakRunning)
 	}
-	slices.SortFunc(recs, func(a, b RequestRecord) int { return a.Arrival.Compare(b.Arrival) })
-	firstEnd := recs[0].Arrival.Add(recs[0].Queue + prefill)
+	// Order by prefill start, not by arrival: a goroutine can take its arrival time and then be
+	// descheduled before it queues, so the earlier arrival may legitimately be prefilled second.
+	start := func(r RequestRecord) time.Time { return r.Arrival.Add(r.Queue) }
+	slices.SortFunc(recs, func(a, b RequestRecord) int { return start(a).Compare(start(b)) })
+	firstEnd := start(recs[0]).Add(prefill)
 	if !recs[1].Arrival.Before(firstEnd) {
 		t.Fatalf("the second request arrived %v after the first prefill ended; the test needs them to overlap", recs[1].Arrival.Sub(firstEnd))
 	}
-	secondStart := recs[1].Arrival.Add(recs[1].Queue)
+	secondStart := start(recs[1])
 	if slack := 5 * time.Millisecond; secondStart.Before(firstEnd.Add(-slack)) {
 		t.Errorf("the second prefill started %v before the first one ended: prefills overlapped", firstEnd.Sub(secondStart))
 	}

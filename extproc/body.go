@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/kvepp/kvepp/internal/tokenjson"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -345,36 +346,39 @@ func validateCompletionPrompt(v json.RawMessage) (promptSource, error) {
 	default:
 		return bad()
 	}
-	var first byte
-	ok, n := true, 0
-	forEachElement(v, func(e []byte) bool {
-		if n == 0 {
-			first = e[0]
-		}
-		n++
-		switch {
-		case first == '"' || first == '[':
-			ok = e[0] == first
-		default:
-			ok = e[0] == '-' || (e[0] >= '0' && e[0] <= '9')
-		}
-		return ok
-	})
-	if !ok || n == 0 {
+	// v is valid JSON (parseBody checked it), so its first element decides the form.
+	i := skipWS(v, 1)
+	if i >= len(v) || v[i] == ']' {
 		return bad()
 	}
-	switch first {
+	switch v[i] {
 	case '"':
-		return promptSource{}, nil
-	case '[':
-		var lists [][]uint32
-		if err := json.Unmarshal(v, &lists); err != nil {
+		ok := true
+		forEachElement(v, func(e []byte) bool { ok = e[0] == '"'; return ok })
+		if !ok {
 			return bad()
 		}
-		return promptSource{tokens: lists[0]}, nil
+		return promptSource{}, nil
+	case '[':
+		// Every list is validated (a bad id in any of them is a 400), only the first is kept.
+		// tokenjson rejects null and non-array lists, so mixed forms such as [[1],2] are a 400.
+		ids, _, err := tokenjson.AppendFirstList(nil, v)
+		if err != nil {
+			return bad()
+		}
+		if ids == nil {
+			// An empty first list ([[]]) must stay non-nil: nil tokens mean "tokenize the
+			// prompt", empty ones are rejected as a prompt without tokens.
+			ids = []uint32{}
+		}
+		return promptSource{tokens: ids}, nil
 	default:
-		var ids []uint32
-		if err := json.Unmarshal(v, &ids); err != nil {
+		// tokenjson, like encoding/json, accepts a null element as 0, but a null in a token prompt
+		// is a 400. Once AppendIDs has accepted v it holds only brackets, commas, whitespace,
+		// digits and null literals, so an 'n' anywhere is a null: one vectorised scan instead of a
+		// second walk over the elements.
+		ids, err := tokenjson.AppendIDs(nil, v)
+		if err != nil || bytes.IndexByte(v, 'n') >= 0 {
 			return bad()
 		}
 		return promptSource{tokens: ids}, nil
