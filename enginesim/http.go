@@ -389,15 +389,20 @@ func (w *Worker) serveGenerate(rw http.ResponseWriter, r *http.Request, chat boo
 		}
 		return nil
 	}
-	rec, err := w.execute(r.Context(), req, func(k int) error {
+	var text strings.Builder
+	rec, err := w.execute(r.Context(), req, func(from, to int) error {
 		var fin *string
-		if k == maxTokens-1 {
+		if to == maxTokens {
 			fin = &finishLength
 		}
 		chunk := base
-		text := outputText(k)
+		text.Reset()
+		for k := from; k < to; k++ {
+			text.WriteString(outputText(k))
+		}
+		text := text.String()
 		if chat {
-			if k == 0 {
+			if from == 0 {
 				empty := ""
 				chunk.Choices = []chatChoice{{Delta: &chatDelta{Role: "assistant", Content: &empty}}}
 				if err := send(chunk); err != nil {

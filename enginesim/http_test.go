@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -131,6 +132,39 @@ func TestCompletionsStreaming(t *testing.T) {
 	}
 	if diff := cmp.Diff(usageOf(40, 4, 32), final.Usage); diff != "" {
 		t.Errorf("usage (-want +got):\n%s", diff)
+	}
+}
+
+func TestStreamIntervalGroupsTokensAfterTheFirst(t *testing.T) {
+	const decode = 20 * time.Millisecond
+	w := startWorker(t, Config{TimeScale: 1, DecodePerToken: decode, StreamInterval: 3})
+	start := time.Now()
+	status, _, body := postJSON(t, w.Endpoint()+"/v1/completions", map[string]any{"prompt": seqTokens(5, 20), "max_tokens": 8, "stream": true})
+	elapsed := time.Since(start)
+	if status != http.StatusOK {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	events := sseEvents(t, body)
+	// Token 0 alone, then [1,4), [4,7), [7,8): four chunks, the usage chunk and [DONE].
+	if len(events) != 6 || events[5] != "[DONE]" {
+		t.Fatalf("got %d events %q, want 4 token chunks, a usage chunk and [DONE]", len(events), events)
+	}
+	wantText := []string{" lorem", " ipsum dolor sit", " amet lorem ipsum", " dolor"}
+	for k, want := range wantText {
+		c := decodeResponse(t, events[k])
+		if c.Choices[0].Text == nil || *c.Choices[0].Text != want {
+			t.Errorf("chunk %d = %s, want text %q", k, events[k], want)
+		}
+		if fin := c.Choices[0].FinishReason; (k == 3) != (fin != nil && *fin == "length") {
+			t.Errorf("chunk %d finish_reason %v; only the last chunk carries \"length\"", k, fin)
+		}
+	}
+	if u := decodeResponse(t, events[4]).Usage; u == nil || u.CompletionTokens != 8 {
+		t.Errorf("usage chunk %s, want 8 completion tokens", events[4])
+	}
+	// Grouping changes only how tokens are sent, not when the last one is due: 7 decode steps.
+	if elapsed < 7*decode {
+		t.Errorf("stream ended after %v, before the last token was due (%v)", elapsed, 7*decode)
 	}
 }
 

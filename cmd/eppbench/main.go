@@ -49,6 +49,7 @@ type Options struct {
 	PrefillOverheadM float64  // --prefill-overhead-ms: ms
 	DecodeUsPerTok   float64  // --decode-us-per-token: µs
 	BatchLimit       int      // --batch-limit: running requests per worker
+	StreamInterval   int      // --stream-interval: output tokens per streamed chunk after the first
 	SerialPrefill    bool     // --serial-prefill: one prefill lane per worker
 	Concurrency      int      // --concurrency: in-flight cap of the load generator (0 = none)
 	MaxOutputTokens  int      // --max-output-tokens: cap (0 = none)
@@ -85,6 +86,7 @@ func defaultOptions() Options {
 		PrefillOverheadM: 5,
 		DecodeUsPerTok:   20000,
 		BatchLimit:       64,
+		StreamInterval:   16,
 		SerialPrefill:    true,
 		Concurrency:      2048,
 		LogLevel:         "warn",
@@ -115,6 +117,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.Float64Var(&o.PrefillOverheadM, "prefill-overhead-ms", o.PrefillOverheadM, "simulated fixed prefill time per request, ms")
 	fs.Float64Var(&o.DecodeUsPerTok, "decode-us-per-token", o.DecodeUsPerTok, "simulated time per output token, µs")
 	fs.IntVar(&o.BatchLimit, "batch-limit", o.BatchLimit, "requests a worker runs at once (vLLM max_num_seqs)")
+	fs.IntVar(&o.StreamInterval, "stream-interval", o.StreamInterval, "output tokens per streamed chunk after the first (vLLM --stream-interval); token timing is unchanged, larger values save CPU")
 	fs.BoolVar(&o.SerialPrefill, "serial-prefill", o.SerialPrefill, "one prefill at a time per worker (compute-bound GPU)")
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "cap on requests in flight from the load generator (0 = none)")
 	fs.Float64Var(&o.CoalesceMs, "coalesce-ms", o.CoalesceMs, "least simulated time between two response chunks the proxy passes through ext_proc (0 = every upstream read; the first chunk is never delayed)")
@@ -163,6 +166,8 @@ func (o *Options) validate() error {
 		return errors.New("--prefill-us-per-token, --prefill-overhead-ms, --decode-us-per-token and --coalesce-ms must be ≥ 0")
 	case o.BatchLimit < 1:
 		return fmt.Errorf("--batch-limit %d must be ≥ 1", o.BatchLimit)
+	case o.StreamInterval < 1:
+		return fmt.Errorf("--stream-interval %d must be ≥ 1", o.StreamInterval)
 	case o.Concurrency < 0:
 		return fmt.Errorf("--concurrency %d must be ≥ 0", o.Concurrency)
 	case o.MaxOutputTokens < 0:
@@ -331,6 +336,7 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 			PrefillOverhead: time.Duration(o.PrefillOverheadM * float64(time.Millisecond)),
 			DecodePerToken:  time.Duration(o.DecodeUsPerTok * float64(time.Microsecond)),
 			BatchLimit:      o.BatchLimit,
+			StreamInterval:  o.StreamInterval,
 			SerialPrefill:   o.SerialPrefill,
 		},
 		Model:           o.Model,
@@ -356,7 +362,7 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 		Setup: SetupInfo{
 			Workers: o.Workers, BlockSize: o.BlockSize, CapacityBlocks: o.CapacityBlocks,
 			PrefillUsPerToken: o.PrefillUsPerTok, PrefillOverheadMs: o.PrefillOverheadM, DecodeUsPerToken: o.DecodeUsPerTok,
-			BatchLimit: o.BatchLimit, SerialPrefill: o.SerialPrefill, Speedup: o.Speedup, Concurrency: o.Concurrency,
+			BatchLimit: o.BatchLimit, StreamInterval: o.StreamInterval, SerialPrefill: o.SerialPrefill, Speedup: o.Speedup, Concurrency: o.Concurrency,
 			SimSeed:             o.Seed,
 			CoalesceMs:          o.CoalesceMs,
 			KveppEnv:            o.KveppEnv,

@@ -42,6 +42,7 @@ func TestParseFlags(t *testing.T) {
 		{"zero workers are refused", []string{"--workers", "0"}, nil, "--workers 0"},
 		{"a block size that does not divide 512 is refused for traces", []string{"--trace", "x", "--block-size", "48"}, nil, "--block-size 48"},
 		{"a negative speedup is refused", []string{"--speedup", "-1"}, nil, "--speedup"},
+		{"a zero stream interval is refused", []string{"--stream-interval", "0"}, nil, "--stream-interval 0"},
 		{"stray arguments are refused", []string{"extra"}, nil, `unexpected argument "extra"`},
 		{"the built-in policy is named kvepp, not default", []string{"--policies", "default"}, nil, `use "kvepp"`},
 	}

@@ -57,6 +57,8 @@ type SimConfig struct {
 	DecodePerToken time.Duration
 	// BatchLimit is the number of requests a worker runs at once (vLLM max_num_seqs).
 	BatchLimit int
+	// StreamInterval is the number of output tokens per streamed chunk after the first.
+	StreamInterval int
 	// SerialPrefill runs one prefill at a time per worker (a compute-bound GPU).
 	SerialPrefill bool
 }
@@ -145,6 +147,7 @@ func runBaseline(ctx context.Context, rc RunConfig, b Baseline) (*baselineRun, e
 		PrefillOverhead: sim.PrefillOverhead,
 		DecodePerToken:  sim.DecodePerToken,
 		MaxRunning:      sim.BatchLimit,
+		StreamInterval:  sim.StreamInterval,
 		SerialPrefill:   sim.SerialPrefill,
 		TimeScale:       1 / rc.Speedup,
 		HashSeed:        rc.Seed,

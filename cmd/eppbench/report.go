@@ -65,6 +65,8 @@ type SetupInfo struct {
 	DecodeUsPerToken float64 `json:"decode_us_per_token"`
 	// BatchLimit is the number of requests a worker runs at once.
 	BatchLimit int `json:"batch_limit"`
+	// StreamInterval is the number of output tokens per streamed chunk after the first.
+	StreamInterval int `json:"stream_interval_tokens"`
 	// SerialPrefill reports one prefill lane per worker.
 	SerialPrefill bool `json:"serial_prefill"`
 	// Speedup is simulated time per wall time.
