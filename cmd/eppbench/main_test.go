@@ -82,6 +82,29 @@ func TestBaselines(t *testing.T) {
 	}
 }
 
+func TestKveppBaselineSettings(t *testing.T) {
+	o := defaultOptions()
+	o.Baselines = "kvepp,kvepp:track_active_blocks=false,overlap_score_credit=2,kvepp-approx:router_temperature=0.5"
+	got, err := o.baselines()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0].Env != nil {
+		t.Fatalf("baselines %+v, want three with the plain kvepp first and untouched", got)
+	}
+	if got[1].Name != "kvepp:track_active_blocks=false,overlap_score_credit=2" || !got[1].UseKVEvents ||
+		strings.Join(got[1].Env, " ") != "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=2 DYN_ROUTER_TRACK_ACTIVE_BLOCKS=false" {
+		t.Errorf("tuned kvepp %+v", got[1])
+	}
+	if got[2].UseKVEvents || strings.Join(got[2].Env, " ") != "DYN_ROUTER_TEMPERATURE=0.5" {
+		t.Errorf("tuned kvepp-approx %+v", got[2])
+	}
+	o.Baselines = "kvepp:no_such_knob=1"
+	if _, err := o.baselines(); err == nil || !strings.Contains(err.Error(), `"no_such_knob" is not a kvepp setting`) {
+		t.Errorf("unknown setting: %v", err)
+	}
+}
+
 func TestPolicyResolution(t *testing.T) {
 	reg := catalog.Builtins()
 	t.Run("every default baseline resolves through the catalog", func(t *testing.T) {

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvepp/kvepp/catalog"
+	"github.com/kvepp/kvepp/extproc/runner"
 )
 
 // policyEntry is one router named on the command line: a name (kvepp, kvepp-approx or a catalog
@@ -128,12 +131,16 @@ func (o *Options) baselines() ([]Baseline, error) {
 		switch {
 		case e.Name == catalog.DefaultName:
 			return nil, fmt.Errorf(`%s: use "kvepp" for the built-in policy (with KV events) or "kvepp-approx" (approximate mode)`, e.source())
-		case (e.Name == "kvepp" || e.Name == "kvepp-approx") && e.Params != nil:
-			return nil, fmt.Errorf("%s: the built-in policy takes no parameters here; tune it with --kvepp-env DYN_ROUTER_…=…", e.source())
-		case e.Name == "kvepp":
-			out = append(out, Baseline{Name: "kvepp", Instance: catalog.DefaultName, UseKVEvents: true, Source: e.source()})
-		case e.Name == "kvepp-approx":
-			out = append(out, Baseline{Name: "kvepp-approx", Instance: catalog.DefaultName, UseKVEvents: false, Source: e.source()})
+		case e.Name == "kvepp" || e.Name == "kvepp-approx":
+			b := Baseline{Name: e.Name, Instance: catalog.DefaultName, UseKVEvents: e.Name == "kvepp", Source: e.source()}
+			if e.Params != nil {
+				env, err := kveppSettings(e)
+				if err != nil {
+					return nil, err
+				}
+				b.Name, b.Env = e.Text, env
+			}
+			out = append(out, b)
 		case e.Params == nil:
 			out = append(out, Baseline{Name: e.Name, Instance: e.Name, Type: e.Name, UseKVEvents: true, Source: e.source()})
 			instances[e.Name] = true
@@ -220,4 +227,49 @@ func checkBaselines(reg *catalog.Registry, baselines []Baseline) error {
 		}
 	}
 	return nil
+}
+
+// kveppSettings turns the parameters of a kvepp or kvepp-approx entry into KEY=VALUE settings for
+// that kvepp instance only, e.g. "kvepp:track_active_blocks=false,overlap_score_credit=2" →
+// DYN_ROUTER_TRACK_ACTIVE_BLOCKS=false and DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=2. A key is a kvepp
+// environment variable name or its lower-case form with or without a DYN_, DYN_ROUTER_ or
+// DYN_ROUTER_KV_ prefix; unknown keys are an error naming the entry. Settings come out sorted by
+// name, so a run is reproducible from its report.
+func kveppSettings(e policyEntry) ([]string, error) {
+	var params map[string]any
+	if err := json.Unmarshal(e.Params, &params); err != nil {
+		return nil, fmt.Errorf("%s: %w", e.source(), err)
+	}
+	known := map[string]bool{}
+	for _, n := range runner.SettingNames() {
+		known[n] = true
+	}
+	var out []string
+	for key, val := range params {
+		k := strings.ToUpper(strings.ReplaceAll(strings.TrimSpace(key), "-", "_"))
+		name := ""
+		for _, cand := range []string{k, "DYN_" + k, "DYN_ROUTER_" + k, "DYN_ROUTER_KV_" + k} {
+			if known[cand] {
+				name = cand
+				break
+			}
+		}
+		if name == "" {
+			return nil, fmt.Errorf("%s: %q is not a kvepp setting; use a DYN_… name from `epp --help` or its lower-case form without the DYN_ROUTER_ prefix, e.g. track_active_blocks=false", e.source(), key)
+		}
+		var text string
+		switch v := val.(type) {
+		case string:
+			text = v
+		case float64:
+			text = strconv.FormatFloat(v, 'g', -1, 64)
+		case bool:
+			text = strconv.FormatBool(v)
+		default:
+			return nil, fmt.Errorf("%s: the value of %q must be a scalar", e.source(), key)
+		}
+		out = append(out, name+"="+text)
+	}
+	slices.Sort(out)
+	return out, nil
 }

@@ -32,7 +32,7 @@ func TestPolicyFlagParsing(t *testing.T) {
 		{"an empty key is refused", []string{"--policies", "least-busy:=1"}, nil, `--policies "least-busy:=1": want key=value`},
 		{"a repeated key is refused", []string{"--policies", "least-busy:a=1,a=2"}, nil, `parameter "a" given twice`},
 		{"a structured value is refused", []string{"--policies", "least-busy:a={b: 1}"}, nil, `is not a scalar`},
-		{"the built-in policy takes no parameters here", []string{"--baselines", "kvepp:x=1"}, nil, `--baselines "kvepp:x=1": the built-in policy takes no parameters`},
+		{"kvepp takes only kvepp settings as parameters", []string{"--baselines", "kvepp:x=1"}, nil, `--baselines "kvepp:x=1": "x" is not a kvepp setting`},
 		{"default names the flag it came from", []string{"--baselines", "kvepp,default"}, nil, `--baselines "default": use "kvepp"`},
 	}
 	nDefault := len(strings.Split(defaultBaselines, ","))

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,6 +40,9 @@ type Baseline struct {
 	Params json.RawMessage
 	// Source names where the router was asked for, e.g. `--policies "least-busy"`, for errors.
 	Source string
+	// Env are KEY=VALUE kvepp settings for this baseline only (from "kvepp:key=value,…"); they
+	// are applied after --kvepp-env, so they win.
+	Env []string
 }
 
 // SimConfig is the simulated worker pool. Durations are simulated time.
@@ -183,7 +187,7 @@ func runBaseline(ctx context.Context, rc RunConfig, b Baseline) (*baselineRun, e
 		ApproxTTL:    time.Duration(float64(120*time.Second) / rc.Speedup),
 		LogLevel:     rc.LogLevel,
 		LogFile:      filepath.Join(rc.WorkDir, "kvepp-"+slug+".log"),
-		Extra:        rc.KveppEnv,
+		Extra:        append(slices.Clip(rc.KveppEnv), b.Env...),
 		CPUProfile:   profilePath(rc.KveppProfileDir, slug),
 	}, 60*time.Second)
 	if err != nil {

@@ -117,6 +117,9 @@ type BaselineResult struct {
 	Name        string `json:"name"`            // router name (--baselines / --policies)
 	Instance    string `json:"policy_instance"` // worker_selection instance selected in kvepp
 	UseKVEvents bool   `json:"use_kv_events"`   // DYN_ROUTER_USE_KV_EVENTS
+	// KveppEnv are this baseline's own kvepp settings (KEY=VALUE, from "kvepp:key=value,…"),
+	// applied after the run-wide --kvepp-env settings.
+	KveppEnv []string `json:"kvepp_env,omitempty"`
 
 	Requests  int `json:"requests"`            // requests sent
 	Completed int `json:"completed"`           // answered 200 with [DONE] and completed by the simulator
@@ -168,7 +171,7 @@ func quantiles(ds []time.Duration, unit time.Duration) Quantiles {
 // summarize turns a baseline run into its figures. ideal holds the ideal hit tokens per request.
 func summarize(run *baselineRun, w *Workload, ideal []int64, speedup float64, buckets int) BaselineResult {
 	br := BaselineResult{
-		Name: run.baseline.Name, Instance: run.baseline.Instance, UseKVEvents: run.baseline.UseKVEvents,
+		Name: run.baseline.Name, Instance: run.baseline.Instance, UseKVEvents: run.baseline.UseKVEvents, KveppEnv: run.baseline.Env,
 		Requests:           len(run.results),
 		PromptTokens:       run.pool.PromptTokens,
 		CachedTokens:       run.pool.CachedPromptTokens,

@@ -441,6 +441,18 @@ func settingFields() []settingField {
 	return out
 }
 
+// SettingNames returns the environment variable names of every setting kvepp reads (for example
+// DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT), in the order of the Config fields. Callers that start kvepp
+// use it to check a setting name before they pass it on.
+func SettingNames() []string {
+	fields := settingFields()
+	out := make([]string, len(fields))
+	for i, f := range fields {
+		out[i] = f.env
+	}
+	return out
+}
+
 // boolFlag is a flag.Value that records a boolean flag's text, allowing "--x" alone.
 type boolFlag struct{ val *string }
 
