@@ -62,7 +62,9 @@
 // a router re-hashes the token ids itself.
 //
 // A request's prefix hit is the number of consecutive cached blocks from the
-// start, looked up when the request is admitted to run. Like vLLM, at least the
+// start, looked up when the request's prefill is scheduled (after any wait for a
+// running slot and, with [Config.SerialPrefill], for the prefill lane), as vLLM's
+// scheduler looks it up when it schedules a waiting request. Like vLLM, at least the
 // last prompt token is always computed, so at most floor((len-1)/bs) blocks hit:
 // a 32-token prompt cached in full hits 1 block, a 40-token prompt hits 2. Hit
 // blocks are pinned (reference-counted) while the request runs. After prefill,

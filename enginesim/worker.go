@@ -434,21 +434,18 @@ func (w *Worker) execute(ctx context.Context, req *genRequest, onTokens func(fro
 	defer w.slots.release()
 
 	w.mu.Lock()
-	pinned := w.cache.admit(hashes, len(req.tokens))
 	w.running++
 	if w.running > w.peak {
 		w.peak = w.running
 	}
 	w.mu.Unlock()
+	var pinned []*cacheBlock
 	defer func() {
 		w.mu.Lock()
 		w.cache.release(pinned)
 		w.running--
 		w.mu.Unlock()
 	}()
-	bs := w.cfg.BlockSize
-	rec.CachedTokens = len(pinned) * bs
-	uncached := len(req.tokens) - rec.CachedTokens
 
 	if w.prefill != nil {
 		if err := w.prefill.acquire(ctx); err != nil {
@@ -456,6 +453,14 @@ func (w *Worker) execute(ctx context.Context, req *genRequest, onTokens func(fro
 			return rec, err
 		}
 	}
+	// The prefix is looked up when the prefill is scheduled, as vLLM's scheduler does, so a
+	// request that waited behind another with the same prefix hits the blocks that one stored.
+	w.mu.Lock()
+	pinned = w.cache.admit(hashes, len(req.tokens))
+	w.mu.Unlock()
+	bs := w.cfg.BlockSize
+	rec.CachedTokens = len(pinned) * bs
+	uncached := len(req.tokens) - rec.CachedTokens
 	rec.Queue = w.sim(time.Since(req.arrival))
 	prefill := w.cfg.PrefillOverhead + time.Duration(uncached)*w.cfg.PrefillPerToken
 	err = sleepFor(ctx, w.wall(prefill))

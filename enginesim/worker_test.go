@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -190,6 +191,28 @@ func TestSerialPrefill(t *testing.T) {
 	secondStart := start(recs[1])
 	if slack := 5 * time.Millisecond; secondStart.Before(firstEnd.Add(-slack)) {
 		t.Errorf("the second prefill started %v before the first one ended: prefills overlapped", firstEnd.Sub(secondStart))
+	}
+}
+
+func TestPrefixIsLookedUpWhenThePrefillIsScheduled(t *testing.T) {
+	// Two identical prompts reach a serial-prefill worker together. The second waits for the lane
+	// while the first computes and stores the prompt; its lookup happens when its own prefill
+	// starts, so it hits every block but the last (at least one token is always computed).
+	w := startWorker(t, Config{SerialPrefill: true, TimeScale: 1, PrefillOverhead: 100 * time.Millisecond})
+	prompt := seqTokens(0, 64)
+	var wg sync.WaitGroup
+	recs := make([]RequestRecord, 2)
+	for i := range recs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			recs[i], _ = w.Generate(context.Background(), prompt, 1)
+		}()
+	}
+	wg.Wait()
+	slices.SortFunc(recs, func(a, b RequestRecord) int { return cmp.Compare(a.Queue, b.Queue) })
+	if recs[0].CachedTokens != 0 || recs[1].CachedTokens != 48 {
+		t.Fatalf("cached tokens %d then %d, want 0 then 48 (3 of 4 blocks)", recs[0].CachedTokens, recs[1].CachedTokens)
 	}
 }
 
