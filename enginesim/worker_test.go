@@ -161,22 +161,33 @@ func TestQueuedRequestCanBeCanceled(t *testing.T) {
 	}
 }
 
+// generateTogether starts one Generate of one output token per prompt at once and returns the
+// records in prompt order once all have finished; an error fails the test.
+func generateTogether(t *testing.T, w *Worker, prompts ...[]uint32) []RequestRecord {
+	t.Helper()
+	var wg sync.WaitGroup
+	recs := make([]RequestRecord, len(prompts))
+	for i, p := range prompts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if recs[i], err = w.Generate(context.Background(), p, 1); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	return recs
+}
+
 func TestSerialPrefill(t *testing.T) {
 	// TimeScale 1 and a 300 ms prefill make the second request arrive while the first one is
 	// still in prefill even on a loaded machine; the assertion compares wall-clock instants, so
 	// late goroutine scheduling cannot make it fail.
 	const prefill = 300 * time.Millisecond
 	w := startWorker(t, Config{SerialPrefill: true, TimeScale: 1, PrefillOverhead: prefill})
-	var wg sync.WaitGroup
-	recs := make([]RequestRecord, 2)
-	for i := range recs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			recs[i], _ = w.Generate(context.Background(), seqTokens(100*i, 20), 1)
-		}()
-	}
-	wg.Wait()
+	recs := generateTogether(t, w, seqTokens(0, 20), seqTokens(100, 20))
 	if s := w.Stats(); s.PeakRunning != 2 {
 		t.Errorf("peak running %d, want 2 (both admitted)", s.PeakRunning)
 	}
@@ -200,16 +211,7 @@ func TestPrefixIsLookedUpWhenThePrefillIsScheduled(t *testing.T) {
 	// starts, so it hits every block but the last (at least one token is always computed).
 	w := startWorker(t, Config{SerialPrefill: true, TimeScale: 1, PrefillOverhead: 100 * time.Millisecond})
 	prompt := seqTokens(0, 64)
-	var wg sync.WaitGroup
-	recs := make([]RequestRecord, 2)
-	for i := range recs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			recs[i], _ = w.Generate(context.Background(), prompt, 1)
-		}()
-	}
-	wg.Wait()
+	recs := generateTogether(t, w, prompt, prompt)
 	slices.SortFunc(recs, func(a, b RequestRecord) int { return cmp.Compare(a.Queue, b.Queue) })
 	if recs[0].CachedTokens != 0 || recs[1].CachedTokens != 48 {
 		t.Fatalf("cached tokens %d then %d, want 0 then 48 (3 of 4 blocks)", recs[0].CachedTokens, recs[1].CachedTokens)

@@ -215,17 +215,8 @@ func unquote(v []byte) (string, error) {
 	return s, err
 }
 
-func skipWS(b []byte, i int) int {
-	for i < len(b) {
-		switch b[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
+// skipWS returns the offset of the first byte at or after i that is not JSON whitespace.
+func skipWS(b []byte, i int) int { return tokenjson.SkipSpace(b, i) }
 
 // skipString returns the offset just past the JSON string starting at b[i] == '"'. b is valid JSON.
 func skipString(b []byte, i int) int {

@@ -67,7 +67,7 @@ const (
 // spare capacity may have been written). AppendIDs never panics.
 func AppendIDs(dst []uint32, v []byte) ([]uint32, error) {
 	n0 := len(dst)
-	i := skipWS(v, 0)
+	i := SkipSpace(v, 0)
 	if i >= len(v) || v[i] != '[' {
 		return dst, notArray(v, i, -1)
 	}
@@ -75,7 +75,7 @@ func AppendIDs(dst []uint32, v []byte) ([]uint32, error) {
 	if err != nil {
 		return dst[:n0], err
 	}
-	if end = skipWS(v, end); end != len(v) {
+	if end = SkipSpace(v, end); end != len(v) {
 		return dst[:n0], &Error{Offset: end, List: -1, Index: -1, Reason: "unexpected data after the array"}
 	}
 	return out, nil
@@ -94,13 +94,13 @@ func AppendIDs(dst []uint32, v []byte) ([]uint32, error) {
 // length and lists is 0. AppendFirstList never panics.
 func AppendFirstList(dst []uint32, v []byte) (ids []uint32, lists int, err error) {
 	n0 := len(dst)
-	i := skipWS(v, 0)
+	i := SkipSpace(v, 0)
 	if i >= len(v) || v[i] != '[' {
 		return dst, 0, notArray(v, i, -1)
 	}
-	i = skipWS(v, i+1)
+	i = SkipSpace(v, i+1)
 	if i < len(v) && v[i] == ']' {
-		if i = skipWS(v, i+1); i != len(v) {
+		if i = SkipSpace(v, i+1); i != len(v) {
 			return dst, 0, &Error{Offset: i, List: -1, Index: -1, Reason: "unexpected data after the array"}
 		}
 		return dst, 0, nil
@@ -122,7 +122,7 @@ func AppendFirstList(dst []uint32, v []byte) (ids []uint32, lists int, err error
 		}
 		i = e
 		lists++
-		i = skipWS(v, i)
+		i = SkipSpace(v, i)
 		if i >= len(v) {
 			return dst[:n0], 0, &Error{Offset: i, List: -1, Index: -1, Reason: reasonEOF}
 		}
@@ -133,9 +133,9 @@ func AppendFirstList(dst []uint32, v []byte) (ids []uint32, lists int, err error
 			return dst[:n0], 0, &Error{Offset: i, List: -1, Index: -1,
 				Reason: fmt.Sprintf("invalid character %q after list %d, want ',' or ']'", v[i], lists-1)}
 		}
-		i = skipWS(v, i+1)
+		i = SkipSpace(v, i+1)
 	}
-	if i = skipWS(v, i+1); i != len(v) {
+	if i = SkipSpace(v, i+1); i != len(v) {
 		return dst[:n0], 0, &Error{Offset: i, List: -1, Index: -1, Reason: "unexpected data after the array"}
 	}
 	return dst, lists, nil
@@ -145,7 +145,7 @@ func AppendFirstList(dst []uint32, v []byte) (ids []uint32, lists int, err error
 // ']'. When keep is false the ids are validated but not appended. list is the list index for
 // errors (-1 for a lone array). On error the returned slice is meaningless.
 func parseList(dst []uint32, v []byte, i, list int, keep bool) ([]uint32, int, error) {
-	i = skipWS(v, i+1)
+	i = SkipSpace(v, i+1)
 	if i < len(v) && v[i] == ']' {
 		return dst, i + 1, nil
 	}
@@ -204,7 +204,7 @@ func parseList(dst []uint32, v []byte, i, list int, keep bool) ([]uint32, int, e
 		if i < len(v) && v[i] == ',' {
 			i++
 			if i < len(v) && v[i] <= ' ' {
-				i = skipWS(v, i)
+				i = SkipSpace(v, i)
 			}
 			continue
 		}
@@ -213,7 +213,7 @@ func parseList(dst []uint32, v []byte, i, list int, keep bool) ([]uint32, int, e
 			// unsigned integer even when its value is integral (1.0, 1e3).
 			return dst, 0, elemErr(start, list, idx, reasonNotID)
 		}
-		i = skipWS(v, i)
+		i = SkipSpace(v, i)
 		if i >= len(v) {
 			return dst, 0, &Error{Offset: i, List: -1, Index: -1, Reason: reasonEOF}
 		}
@@ -221,7 +221,7 @@ func parseList(dst []uint32, v []byte, i, list int, keep bool) ([]uint32, int, e
 		case ']':
 			return dst, i + 1, nil
 		case ',':
-			i = skipWS(v, i+1)
+			i = SkipSpace(v, i+1)
 		default:
 			return dst, 0, elemErr(i, list, idx, fmt.Sprintf("is followed by invalid character %q, want ',' or ']'", v[i]))
 		}
@@ -267,9 +267,9 @@ func hasLiteral(v []byte, i int, lit string) bool {
 	return len(v)-i >= len(lit) && string(v[i:i+len(lit)]) == lit
 }
 
-// skipWS returns the offset of the first byte at or after i that is not JSON whitespace (RFC 8259:
-// space, tab, LF, CR — not the wider set bytes.TrimSpace removes).
-func skipWS(v []byte, i int) int {
+// SkipSpace returns the offset of the first byte at or after i that is not JSON whitespace (RFC
+// 8259: space, tab, LF, CR — not the wider set bytes.TrimSpace removes); len(v) when there is none.
+func SkipSpace(v []byte, i int) int {
 	for i < len(v) {
 		switch v[i] {
 		case ' ', '\t', '\n', '\r':
