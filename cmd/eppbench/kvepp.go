@@ -117,6 +117,32 @@ type kveppSpec struct {
 	CPUProfile string
 }
 
+// benchOwnedSettings are the kvepp settings environ sets itself, each with what to use instead.
+// resolveSetting refuses them, so neither a router's settings nor --kvepp-env can quietly undo the
+// wiring to the simulated pool (TestBenchOwnedSettingsMatchEnviron keeps the two lists equal).
+var benchOwnedSettings = func() map[string]string {
+	const wiring = "it wires kvepp to the simulated pool and the proxy"
+	return map[string]string{
+		"DYN_EPP_BIND_ADDRESS":               wiring,
+		"DYN_EPP_GRPC_PORT":                  wiring,
+		"DYN_EPP_GRPC_HEALTH_PORT":           wiring,
+		"DYN_EPP_SELECTION_HTTP_PORT":        wiring,
+		"DYN_EPP_METRICS_PORT":               wiring,
+		"DYN_EPP_SECURE_SERVING":             wiring + " (plaintext ext_proc)",
+		"DYN_EPP_DRAIN_TIMEOUT_SECS":         wiring,
+		"DYN_EPP_WORKERS_FILE":               wiring,
+		"DYN_MODEL_NAME":                     wiring,
+		"DYN_KV_CACHE_BLOCK_SIZE":            "use --block-size, which the simulated workers share",
+		"DYN_EPP_TOKENIZER_PROTOCOL":         "use --tokenizer-dir",
+		"DYN_EPP_TOKENIZER_DIR":              "use --tokenizer-dir",
+		"DYN_ROUTER_USE_KV_EVENTS":           "use the kvepp-approx router for approximate mode",
+		"DYN_ROUTER_POLICY_CONFIG":           "use --policies or --policy-config",
+		"DYN_ROUTER_WORKER_SELECTION_POLICY": "use --policies or --policy-config",
+		"DYN_ROUTER_TTL_SECS":                "the approximate index keeps 120 s of simulated time, scaled by --speedup",
+		"DYN_LOG":                            "use --log-level",
+	}
+}()
+
 // environ builds the child's environment: the parent's environment without any DYN_* variable
 // (so a stray setting cannot skew a baseline), plus the benchmark's settings.
 func (s kveppSpec) environ() []string {

@@ -107,7 +107,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.Float64Var(&o.Speedup, "speedup", 0, fmt.Sprintf("time compression: wall = simulated / speedup (0 = %d for the chat demo, %d for traces)", synthSpeedup, traceSpeedup))
 	fs.IntVar(&o.Workers, "workers", o.Workers, "simulated vLLM workers")
 	fs.IntVar(&o.CapacityBlocks, "capacity-blocks", 0, fmt.Sprintf("prefix-cache capacity per worker, blocks (0 = %d for the chat demo, %d for traces)", synthCapacity, traceCapacity))
-	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "KV block size, tokens (must divide 512 for traces)")
+	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "KV block size, tokens (for traces it must divide --trace-block-tokens)")
 	fs.StringVar(&o.Baselines, "baselines", o.Baselines, "routers to compare, comma list: kvepp, kvepp-approx, or any catalog policy type, each optionally name:key=value[,key=value…] (kvepp settings for kvepp, e.g. kvepp:track_active_blocks=false,overlap_score_credit=6; policy parameters otherwise)")
 	fs.StringVar(&o.Policies, "policies", "", "extra catalog policies to compare, comma list of name[:key=value[,key=value…]] (values are YAML scalars), e.g. least-busy:min_device_overlap_blocks=2 (added to --baselines)")
 	fs.StringVar(&o.PolicyConfig, "policy-config", "", "worker_selection YAML file whose instances are compared as extra routers, named after each instance")
@@ -126,12 +126,21 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&o.TokenizerDir, "tokenizer-dir", "", "tokenizer directory for kvepp (default: a stub; token-id prompts never call it)")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "kvepp log level (logs go to <out>/work/kvepp-<router>.log)")
 	fs.IntVar(&o.Buckets, "buckets", o.Buckets, "time buckets of the hit-rate timeline")
-	fs.Func("kvepp-env", "extra KEY=VALUE setting for every kvepp instance, e.g. DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=2 (repeatable)", func(v string) error {
-		k, _, ok := strings.Cut(v, "=")
-		if !ok || k == "" {
+	fs.Func("kvepp-env", "extra KEY=VALUE setting for every kvepp instance, e.g. DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=2 (repeatable; KEY as in kvepp:key=value routers)", func(v string) error {
+		k, val, ok := strings.Cut(v, "=")
+		if k = strings.TrimSpace(k); !ok || k == "" {
 			return fmt.Errorf("want KEY=VALUE, got %q", v)
 		}
-		o.KveppEnv = append(o.KveppEnv, v)
+		name, err := resolveSetting(k)
+		if err != nil {
+			return err
+		}
+		for _, prev := range o.KveppEnv {
+			if strings.HasPrefix(prev, name+"=") {
+				return fmt.Errorf("%s is given twice", name)
+			}
+		}
+		o.KveppEnv = append(o.KveppEnv, name+"="+strings.TrimSpace(val))
 		return nil
 	})
 	fs.StringVar(&o.KveppCPUProfile, "kvepp-cpuprofile", "", "directory for a CPU profile of each kvepp process (kvepp-<router>.pprof)")
@@ -150,6 +159,8 @@ func (o *Options) validate() error {
 	switch {
 	case o.Limit < 0:
 		return fmt.Errorf("--limit %d must be ≥ 0", o.Limit)
+	case strings.TrimSpace(o.Out) == "":
+		return errors.New("--out must name a directory")
 	case o.Speedup < 0 || o.Speedup != o.Speedup:
 		return fmt.Errorf("--speedup %v must be > 0", o.Speedup)
 	case o.Workers < 1 || o.Workers > 1024:
@@ -374,6 +385,9 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 		fmt.Fprintf(progress, "eppbench: %s: %d requests over %.0f s simulated (%.0f s wall at speedup %g), ideal reuse %.1f %% (pooled LRU %.1f %%)\n",
 			w.Name, len(w.Requests), w.Span().Seconds(), w.Span().Seconds()/o.Speedup, o.Speedup, 100*res.Workload.IdealHitRate,
 			100*res.Workload.PooledLRUHitRate)
+	}
+	if err := checkKveppConfigs(rc, baselines); err != nil {
+		return nil, err
 	}
 	var runErr error
 	for _, b := range baselines {

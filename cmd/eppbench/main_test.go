@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvepp/kvepp/catalog"
+	"github.com/kvepp/kvepp/extproc/runner"
 	"github.com/kvepp/kvepp/extproc/tokenizer"
 )
 
@@ -99,9 +100,89 @@ func TestKveppBaselineSettings(t *testing.T) {
 	if got[2].UseKVEvents || strings.Join(got[2].Env, " ") != "DYN_ROUTER_TEMPERATURE=0.5" {
 		t.Errorf("tuned kvepp-approx %+v", got[2])
 	}
-	o.Baselines = "kvepp:no_such_knob=1"
-	if _, err := o.baselines(); err == nil || !strings.Contains(err.Error(), `"no_such_knob" is not a kvepp setting`) {
-		t.Errorf("unknown setting: %v", err)
+	for list, wantErr := range map[string]string{
+		"kvepp:no_such_knob=1": `"no_such_knob" is not a kvepp setting`,
+		"kvepp:overlap_score_credit=6,DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=10": "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT is given twice",
+		"kvepp:use_kv_events=false":           "DYN_ROUTER_USE_KV_EVENTS is set by eppbench itself: use the kvepp-approx router",
+		"kvepp:DYN_LOG_LEVEL=debug":           "DYN_LOG is set by eppbench itself: use --log-level",
+		"kvepp-approx:kv_cache_block_size=32": "use --block-size",
+		"kvepp:epp_secure_serving=true":       "DYN_EPP_SECURE_SERVING is set by eppbench itself",
+	} {
+		o.Baselines = list
+		if _, err := o.baselines(); err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("%s: error %v, want one containing %q", list, err, wantErr)
+		}
+	}
+	// Values pass on exactly as written (kvepp parses them), and aliases resolve to their variable.
+	o.Baselines = "kvepp:max_tree_size=100000000,DYN_OVERLAP_SCORE_WEIGHT=0x10,track_active_blocks=off"
+	got, err = o.baselines()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT=0x10 DYN_ROUTER_MAX_TREE_SIZE=100000000 DYN_ROUTER_TRACK_ACTIVE_BLOCKS=off"
+	if strings.Join(got[0].Env, " ") != want {
+		t.Errorf("settings %q, want %s", got[0].Env, want)
+	}
+}
+
+func TestKveppEnvFlag(t *testing.T) {
+	o, err := parseFlags([]string{"--kvepp-env", "overlap_score_credit=2", "--kvepp-env", "DYN_ROUTER_TEMPERATURE=0.5"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(o.KveppEnv, " ") != "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=2 DYN_ROUTER_TEMPERATURE=0.5" {
+		t.Errorf("--kvepp-env settings %q", o.KveppEnv)
+	}
+	for _, tc := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"--kvepp-env", "DYN_ROUTER_NO_SUCH=1"}, `"DYN_ROUTER_NO_SUCH" is not a kvepp setting`},
+		{[]string{"--kvepp-env", "overlap_score_credit=2", "--kvepp-env", "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=3"}, "given twice"},
+		{[]string{"--kvepp-env", "DYN_EPP_GRPC_PORT=9002"}, "set by eppbench itself"},
+		{[]string{"--kvepp-env", "novalue"}, "want KEY=VALUE"},
+	} {
+		if _, err := parseFlags(tc.args, io.Discard); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("%q: error %v, want one containing %q", tc.args, err, tc.wantErr)
+		}
+	}
+}
+
+func TestBenchOwnedSettingsMatchEnviron(t *testing.T) {
+	set := map[string]bool{}
+	for _, kv := range (kveppSpec{}).environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "DYN_") {
+			set[name] = true
+			if _, owned := benchOwnedSettings[name]; !owned {
+				t.Errorf("environ sets %s but benchOwnedSettings does not list it", name)
+			}
+			if _, ok := runner.CanonicalSettingName(name); !ok {
+				t.Errorf("environ sets %s, which kvepp does not read", name)
+			}
+		}
+	}
+	for name := range benchOwnedSettings {
+		if !set[name] {
+			t.Errorf("benchOwnedSettings lists %s but environ does not set it", name)
+		}
+	}
+}
+
+func TestCheckKveppConfigsFindsBadValuesBeforeAnythingRuns(t *testing.T) {
+	o := defaultOptions()
+	o.Baselines = "kvepp,round-robin,kvepp:overlap_score_credit=abc"
+	baselines, err := o.baselines()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := RunConfig{Speedup: 20, Sim: SimConfig{BlockSize: 16}, Model: "sim-model", TokenizerDir: t.TempDir(),
+		PolicyConfig: filepath.Join(t.TempDir(), "policies.yaml"), WorkDir: t.TempDir(), LogLevel: "warn"}
+	err = checkKveppConfigs(rc, baselines)
+	if err == nil || !strings.Contains(err.Error(), `--baselines "kvepp:overlap_score_credit=abc": invalid DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT "abc"`) {
+		t.Errorf("error %v, want the bad entry and kvepp's own message", err)
+	}
+	if err := checkKveppConfigs(rc, baselines[:2]); err != nil {
+		t.Errorf("good settings refused: %v", err)
 	}
 }
 
@@ -224,5 +305,16 @@ func TestWriteJSON(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(dir, "r.json"))
 	if err != nil || !bytes.Contains(data, []byte(`"fraction_of_ideal"`)) {
 		t.Fatalf("result.json: %v %s", err, data)
+	}
+}
+
+func TestFailedRequestsAreWarnedAbout(t *testing.T) {
+	res := &Result{Workload: WorkloadInfo{Requests: 20, SpanSeconds: 10}, Baselines: []BaselineResult{
+		{Name: "kvepp:x=1", Requests: 20, Errors: 20},
+		{Name: "round-robin", Requests: 20, Completed: 20, RequestsPerSecond: 2, TTFTms: Quantiles{P50: 100}, QueueMs: Quantiles{P50: 1}, E2Ems: Quantiles{P50: 200}},
+	}}
+	w := saturationWarnings(res)
+	if len(w) != 1 || !strings.Contains(w[0], `router "kvepp:x=1": 20 of 20 requests failed`) || !strings.Contains(w[0], "work/kvepp-"+fileSlug("kvepp:x=1")+".log") {
+		t.Errorf("warnings %q, want one about kvepp:x=1's failed requests", w)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -22,6 +21,7 @@ type policyEntry struct {
 	Text   string          // the entry as the user wrote it, e.g. "least-busy:min_device_overlap_blocks=2"
 	Name   string          // the router or policy type name
 	Params json.RawMessage // JSON object of the parameters; nil when none were given
+	Raw    []string        // the parameters as written, "key=value" each (kvepp settings keep their text)
 }
 
 // source names the entry and the flag it came from, for error messages.
@@ -45,6 +45,7 @@ func parsePolicyList(flagName, list string) ([]policyEntry, error) {
 			}
 			e := &out[len(out)-1]
 			e.Text += "," + piece
+			e.Raw = append(e.Raw, piece)
 			if err := addParam(e, piece); err != nil {
 				return nil, err
 			}
@@ -56,6 +57,7 @@ func parsePolicyList(flagName, list string) ([]policyEntry, error) {
 		}
 		if hasParam {
 			e.Params = json.RawMessage("{}")
+			e.Raw = []string{strings.TrimSpace(param)}
 			if err := addParam(&e, param); err != nil {
 				return nil, err
 			}
@@ -230,46 +232,46 @@ func checkBaselines(reg *catalog.Registry, baselines []Baseline) error {
 }
 
 // kveppSettings turns the parameters of a kvepp or kvepp-approx entry into KEY=VALUE settings for
-// that kvepp instance only, e.g. "kvepp:track_active_blocks=false,overlap_score_credit=2" →
-// DYN_ROUTER_TRACK_ACTIVE_BLOCKS=false and DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=2. A key is a kvepp
-// environment variable name or its lower-case form with or without a DYN_, DYN_ROUTER_ or
-// DYN_ROUTER_KV_ prefix; unknown keys are an error naming the entry. Settings come out sorted by
-// name, so a run is reproducible from its report.
+// that kvepp instance only, e.g. "kvepp:track_active_blocks=false,overlap_score_credit=6" →
+// DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=6 and DYN_ROUTER_TRACK_ACTIVE_BLOCKS=false. Keys resolve as
+// in resolveSetting; values pass on exactly as written (kvepp parses them), so 2097152 stays
+// 2097152. Settings come out sorted by name, so a run is reproducible from its report.
 func kveppSettings(e policyEntry) ([]string, error) {
-	var params map[string]any
-	if err := json.Unmarshal(e.Params, &params); err != nil {
-		return nil, fmt.Errorf("%s: %w", e.source(), err)
-	}
-	known := map[string]bool{}
-	for _, n := range runner.SettingNames() {
-		known[n] = true
-	}
+	seen := map[string]string{} // canonical name → key as written
 	var out []string
-	for key, val := range params {
-		k := strings.ToUpper(strings.ReplaceAll(strings.TrimSpace(key), "-", "_"))
-		name := ""
-		for _, cand := range []string{k, "DYN_" + k, "DYN_ROUTER_" + k, "DYN_ROUTER_KV_" + k} {
-			if known[cand] {
-				name = cand
-				break
-			}
+	for _, kv := range e.Raw {
+		key, val, _ := strings.Cut(kv, "=")
+		key = strings.TrimSpace(key)
+		name, err := resolveSetting(key)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", e.source(), err)
 		}
-		if name == "" {
-			return nil, fmt.Errorf("%s: %q is not a kvepp setting; use a DYN_… name from `epp --help` or its lower-case form without the DYN_ROUTER_ prefix, e.g. track_active_blocks=false", e.source(), key)
+		if prev, dup := seen[name]; dup {
+			return nil, fmt.Errorf("%s: %s is given twice (as %q and %q)", e.source(), name, prev, key)
 		}
-		var text string
-		switch v := val.(type) {
-		case string:
-			text = v
-		case float64:
-			text = strconv.FormatFloat(v, 'g', -1, 64)
-		case bool:
-			text = strconv.FormatBool(v)
-		default:
-			return nil, fmt.Errorf("%s: the value of %q must be a scalar", e.source(), key)
-		}
-		out = append(out, name+"="+text)
+		seen[name] = key
+		out = append(out, name+"="+strings.TrimSpace(val))
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// resolveSetting maps a key written on the command line to the kvepp environment variable it
+// sets: a DYN_… name or a documented alias (see the README's configuration table), or that name
+// in lower case without its DYN_, DYN_ROUTER_ or DYN_ROUTER_KV_ prefix (track_active_blocks →
+// DYN_ROUTER_TRACK_ACTIVE_BLOCKS). Aliases resolve to their canonical variable. It returns an
+// error for unknown keys and for the settings eppbench sets itself (see benchOwnedSettings).
+func resolveSetting(key string) (string, error) {
+	k := strings.ToUpper(strings.ReplaceAll(key, "-", "_"))
+	for _, cand := range []string{k, "DYN_" + k, "DYN_ROUTER_" + k, "DYN_ROUTER_KV_" + k} {
+		name, ok := runner.CanonicalSettingName(cand)
+		if !ok {
+			continue
+		}
+		if hint, owned := benchOwnedSettings[name]; owned {
+			return "", fmt.Errorf("%s is set by eppbench itself: %s", name, hint)
+		}
+		return name, nil
+	}
+	return "", fmt.Errorf("%q is not a kvepp setting; use a DYN_… name from the configuration table in README.md, or its lower-case form without the DYN_, DYN_ROUTER_ or DYN_ROUTER_KV_ prefix, e.g. track_active_blocks=false", key)
 }

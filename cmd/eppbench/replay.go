@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvepp/kvepp/enginesim"
 	"github.com/kvepp/kvepp/enginesim/frontproxy"
+	"github.com/kvepp/kvepp/extproc/runner"
 )
 
 // Baseline is one router configuration under test.
@@ -122,6 +123,18 @@ type requestResult struct {
 	dispatchLag time.Duration
 }
 
+// failure describes why the request failed, or returns "" when it completed: the client's error,
+// else the status and whether the simulator completed it.
+func (r *requestResult) failure() string {
+	switch {
+	case r.clientErr != "":
+		return r.clientErr
+	case r.status != 200 || !r.done:
+		return fmt.Sprintf("status %d (simulator completed: %v)", r.status, r.done)
+	}
+	return ""
+}
+
 // baselineRun is the raw outcome of replaying the workload for one baseline.
 type baselineRun struct {
 	baseline  Baseline
@@ -135,6 +148,40 @@ type baselineRun struct {
 	pool      enginesim.PoolStats
 	workers   []string
 	startup   time.Duration
+}
+
+// kveppSpecFor is the kvepp configuration of baseline b in this run, with workersFile as its
+// workers file.
+func (rc RunConfig) kveppSpecFor(b Baseline, workersFile string) kveppSpec {
+	slug := fileSlug(b.Name)
+	return kveppSpec{
+		Instance:     b.Instance,
+		PolicyConfig: rc.PolicyConfig,
+		UseKVEvents:  b.UseKVEvents,
+		WorkersFile:  workersFile,
+		Model:        rc.Model,
+		BlockSize:    rc.Sim.BlockSize,
+		TokenizerDir: rc.TokenizerDir,
+		ApproxTTL:    time.Duration(float64(120*time.Second) / rc.Speedup),
+		LogLevel:     rc.LogLevel,
+		LogFile:      filepath.Join(rc.WorkDir, "kvepp-"+slug+".log"),
+		Extra:        append(slices.Clip(rc.KveppEnv), b.Env...),
+		CPUProfile:   profilePath(rc.KveppProfileDir, slug),
+	}
+}
+
+// checkKveppConfigs loads every baseline's kvepp configuration the way the kvepp process will
+// (runner.LoadConfig over the same environment) before anything runs, so a bad setting value, e.g.
+// "kvepp:overlap_score_credit=abc", fails at once with kvepp's own message instead of after the
+// routers before it have run.
+func checkKveppConfigs(rc RunConfig, baselines []Baseline) error {
+	for _, b := range baselines {
+		spec := rc.kveppSpecFor(b, filepath.Join(rc.WorkDir, "workers-"+fileSlug(b.Name)+".yaml"))
+		if _, err := runner.LoadConfig(spec.environ(), nil, io.Discard); err != nil {
+			return fmt.Errorf("%s: %w", b.Source, err)
+		}
+	}
+	return nil
 }
 
 // runBaseline replays rc.Workload through a fresh kvepp (a child process built from the real
@@ -171,25 +218,11 @@ func runBaseline(ctx context.Context, rc RunConfig, b Baseline) (*baselineRun, e
 			fmt.Fprintf(&yml, "  kv_events_endpoint: %q\n  replay_endpoint: %q\n", w.KVEventsEndpoint(), w.ReplayEndpoint())
 		}
 	}
-	slug := fileSlug(b.Name)
-	workersFile := filepath.Join(rc.WorkDir, "workers-"+slug+".yaml")
+	workersFile := filepath.Join(rc.WorkDir, "workers-"+fileSlug(b.Name)+".yaml")
 	if err := os.WriteFile(workersFile, []byte(yml.String()), 0o644); err != nil {
 		return nil, err
 	}
-	kp, err := startKvepp(kveppSpec{
-		Instance:     b.Instance,
-		PolicyConfig: rc.PolicyConfig,
-		UseKVEvents:  b.UseKVEvents,
-		WorkersFile:  workersFile,
-		Model:        rc.Model,
-		BlockSize:    sim.BlockSize,
-		TokenizerDir: rc.TokenizerDir,
-		ApproxTTL:    time.Duration(float64(120*time.Second) / rc.Speedup),
-		LogLevel:     rc.LogLevel,
-		LogFile:      filepath.Join(rc.WorkDir, "kvepp-"+slug+".log"),
-		Extra:        append(slices.Clip(rc.KveppEnv), b.Env...),
-		CPUProfile:   profilePath(rc.KveppProfileDir, slug),
-	}, 60*time.Second)
+	kp, err := startKvepp(rc.kveppSpecFor(b, workersFile), 60*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("baseline %s: %w", b.Name, err)
 	}
@@ -481,7 +514,7 @@ func writeRequestsCSV(path string, run *baselineRun, w *Workload, ideal []int64)
 	for i := range run.results {
 		r := &run.results[i]
 		fmt.Fprintf(bw, "%s,%.3f,%s,%d,%d,%d,%.1f,%.1f,%d,%d,%q\n", w.Requests[i].ID, w.Requests[i].Arrival.Seconds(), r.worker,
-			w.Requests[i].InputTokens, r.cached, ideal[i], float64(r.queue)/1e6, float64(r.ttft)/1e6, r.decision.Microseconds(), r.status, r.clientErr)
+			w.Requests[i].InputTokens, r.cached, ideal[i], float64(r.queue)/1e6, float64(r.ttft)/1e6, r.decision.Microseconds(), r.status, r.failure())
 	}
 	if err := bw.Flush(); err != nil {
 		f.Close()

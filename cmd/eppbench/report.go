@@ -207,14 +207,9 @@ func summarize(run *baselineRun, w *Workload, ideal []int64, speedup float64, bu
 		if r.immediate != 0 {
 			br.Immediate++
 		}
-		failed := r.clientErr != "" || r.status != 200 || !r.done
-		if failed {
+		if msg := r.failure(); msg != "" {
 			br.Errors++
 			if len(br.FirstErrors) < 5 {
-				msg := r.clientErr
-				if msg == "" {
-					msg = fmt.Sprintf("status %d (simulator completed: %v)", r.status, r.done)
-				}
 				br.FirstErrors = append(br.FirstErrors, w.Requests[i].ID+": "+msg)
 			}
 			continue
@@ -278,7 +273,7 @@ func timeline(run *baselineRun, w *Workload, ideal []int64, buckets int) []Timel
 	accs := make([]acc, buckets)
 	for i := range run.results {
 		r := &run.results[i]
-		if r.clientErr != "" || r.status != 200 || !r.done {
+		if r.failure() != "" {
 			continue
 		}
 		b := int((w.Requests[i].Arrival - base) / width)
@@ -330,10 +325,16 @@ const (
 	saturatedQueueShare = 0.5 // median queue wait above this fraction of median TTFT
 )
 
-// saturationWarnings returns one warning per saturated router of res.
+// saturationWarnings returns one warning per saturated router of res, and one per router whose
+// requests failed (errors or immediate responses), since its hit rate and TTFT then describe only
+// the requests that got through.
 func saturationWarnings(res *Result) []string {
 	var out []string
 	for _, b := range res.Baselines {
+		if b.Errors > 0 {
+			out = append(out, fmt.Sprintf("router %q: %d of %d requests failed, so its figures cover only the rest; "+
+				"see work/requests-%s.csv and work/kvepp-%s.log.", b.Name, b.Errors, b.Requests, fileSlug(b.Name), fileSlug(b.Name)))
+		}
 		if w := saturationWarning(b, res.Workload); w != "" {
 			out = append(out, w)
 		}

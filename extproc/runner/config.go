@@ -441,16 +441,20 @@ func settingFields() []settingField {
 	return out
 }
 
-// SettingNames returns the environment variable names of every setting kvepp reads (for example
-// DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT), in the order of the Config fields. Callers that start kvepp
-// use it to check a setting name before they pass it on.
-func SettingNames() []string {
-	fields := settingFields()
-	out := make([]string, len(fields))
-	for i, f := range fields {
-		out[i] = f.env
+// CanonicalSettingName returns the environment variable kvepp reads for name: name itself when it
+// is a setting (for example DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT), the canonical variable when name
+// is one of its documented aliases (DYN_LOG_LEVEL → DYN_LOG), and ok = false otherwise. Callers
+// that start kvepp use it to check a setting before they pass it on.
+func CanonicalSettingName(name string) (canonical string, ok bool) {
+	if c, isAlias := envAliases[name]; isAlias {
+		return c, true
 	}
-	return out
+	for _, f := range settingFields() {
+		if f.env == name {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 // boolFlag is a flag.Value that records a boolean flag's text, allowing "--x" alone.

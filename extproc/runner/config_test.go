@@ -392,3 +392,18 @@ func TestLoadSelectServiceConfig(t *testing.T) {
 		}
 	})
 }
+
+func TestCanonicalSettingName(t *testing.T) {
+	for name, want := range map[string]string{
+		"DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT": "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT",
+		"DYN_LOG_LEVEL":                      "DYN_LOG",
+		"DYN_USE_KV_EVENTS":                  "DYN_ROUTER_USE_KV_EVENTS",
+		"DYN_ROUTER_NO_SUCH":                 "",
+		"overlap_score_credit":               "",
+	} {
+		got, ok := CanonicalSettingName(name)
+		if got != want || ok != (want != "") {
+			t.Errorf("CanonicalSettingName(%q) = %q, %v; want %q", name, got, ok, want)
+		}
+	}
+}
