@@ -109,7 +109,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.IntVar(&o.CapacityBlocks, "capacity-blocks", 0, fmt.Sprintf("prefix-cache capacity per worker, blocks (0 = %d for the chat demo, %d for traces)", synthCapacity, traceCapacity))
 	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "KV block size, tokens (for traces it must divide --trace-block-tokens)")
 	fs.StringVar(&o.Baselines, "baselines", o.Baselines, "routers to compare, comma list: kvepp, kvepp-approx, or any catalog policy type, each optionally name:key=value[,key=value…] (kvepp settings for kvepp, e.g. kvepp:track_active_blocks=false,overlap_score_credit=6; policy parameters otherwise)")
-	fs.StringVar(&o.Policies, "policies", "", "extra catalog policies to compare, comma list of name[:key=value[,key=value…]] (values are YAML scalars), e.g. least-busy:min_device_overlap_blocks=2 (added to --baselines)")
+	fs.StringVar(&o.Policies, "policies", "", "extra catalog policies to compare, comma list of name[:key=value[,key=value…]] (policy parameter values are YAML scalars; kvepp settings pass as written), e.g. least-busy:min_device_overlap_blocks=2 (added to --baselines)")
 	fs.StringVar(&o.PolicyConfig, "policy-config", "", "worker_selection YAML file whose instances are compared as extra routers, named after each instance")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the workload and the simulator")
 	fs.StringVar(&o.Out, "out", o.Out, "output directory (result.json, chart.svg, kvepp logs)")

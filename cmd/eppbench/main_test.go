@@ -113,13 +113,14 @@ func TestKveppBaselineSettings(t *testing.T) {
 			t.Errorf("%s: error %v, want one containing %q", list, err, wantErr)
 		}
 	}
-	// Values pass on exactly as written (kvepp parses them), and aliases resolve to their variable.
-	o.Baselines = "kvepp:max_tree_size=100000000,DYN_OVERLAP_SCORE_WEIGHT=0x10,track_active_blocks=off"
+	// Values pass on exactly as written (kvepp parses them), even YAML-special or ':'-holding ones
+	// in a later position, and aliases resolve to their variable.
+	o.Baselines = "kvepp:max_tree_size=100000000,DYN_OVERLAP_SCORE_WEIGHT=0x10,track_active_blocks=off,epp_indexer_peers=http://127.0.0.1:9,epp_cert_path=@certs"
 	got, err = o.baselines()
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT=0x10 DYN_ROUTER_MAX_TREE_SIZE=100000000 DYN_ROUTER_TRACK_ACTIVE_BLOCKS=off"
+	want := "DYN_EPP_CERT_PATH=@certs DYN_EPP_INDEXER_PEERS=http://127.0.0.1:9 DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT=0x10 DYN_ROUTER_MAX_TREE_SIZE=100000000 DYN_ROUTER_TRACK_ACTIVE_BLOCKS=off"
 	if strings.Join(got[0].Env, " ") != want {
 		t.Errorf("settings %q, want %s", got[0].Env, want)
 	}
@@ -184,6 +185,10 @@ func TestCheckKveppConfigsFindsBadValuesBeforeAnythingRuns(t *testing.T) {
 	if err := checkKveppConfigs(rc, baselines[:2]); err != nil {
 		t.Errorf("good settings refused: %v", err)
 	}
+	rc.KveppEnv = []string{"DYN_ROUTER_TEMPERATURE=abc"}
+	if err := checkKveppConfigs(rc, baselines[:2]); err == nil || !strings.Contains(err.Error(), `the settings for every router (--kvepp-env, --log-level, --tokenizer-dir): invalid DYN_ROUTER_TEMPERATURE "abc"`) {
+		t.Errorf("a bad --kvepp-env value: %v, want it blamed on the run-wide flags", err)
+	}
 }
 
 func TestPolicyResolution(t *testing.T) {
@@ -234,8 +239,8 @@ func sampleResult() *Result {
 		Workload: WorkloadInfo{Name: "a <trace> & co", Requests: 7, SpanSeconds: 30, IdealHitRate: 0.6},
 		Setup:    SetupInfo{Workers: 4, BlockSize: 16, CapacityBlocks: 1024, Speedup: 10},
 		Baselines: []BaselineResult{
-			{Name: "kvepp", HitRate: 0.55, OfIdeal: 0.55 / 0.6, TTFTms: Quantiles{P50: 120}, Timeline: tl(0.55)},
-			{Name: "round-robin", HitRate: 0.2, OfIdeal: 0.2 / 0.6, TTFTms: Quantiles{P50: 900}, Timeline: tl(0.2)},
+			{Name: "kvepp", Requests: 7, Completed: 7, HitRate: 0.55, OfIdeal: 0.55 / 0.6, TTFTms: Quantiles{P50: 120}, Timeline: tl(0.55)},
+			{Name: "round-robin", Requests: 7, Completed: 7, HitRate: 0.2, OfIdeal: 0.2 / 0.6, TTFTms: Quantiles{P50: 900}, Timeline: tl(0.2)},
 		},
 	}
 }
@@ -268,9 +273,11 @@ func TestRenderSVG(t *testing.T) {
 
 func TestWriteTable(t *testing.T) {
 	var b bytes.Buffer
-	writeTable(&b, sampleResult())
+	res := sampleResult()
+	res.Baselines = append(res.Baselines, BaselineResult{Name: "least-busy:min_device_overlap_blocks=2", Requests: 7, Errors: 7})
+	writeTable(&b, res)
 	out := b.String()
-	for _, want := range []string{"| router | hit rate |", "| kvepp | 55.0 % | 92 % | 120 ms |", "| round-robin | 20.0 % | 33 % | 900 ms |", "Ideal reuse (unbounded single cache): 60.0 % of prompt tokens; one LRU cache of the pool's total capacity: 0.0 %"} {
+	for _, want := range []string{"| least-busy:min_device_overlap_blocks=2 | — | — | — |", "| router | hit rate |", "| kvepp | 55.0 % | 92 % | 120 ms |", "| round-robin | 20.0 % | 33 % | 900 ms |", "Ideal reuse (unbounded single cache): 60.0 % of prompt tokens; one LRU cache of the pool's total capacity: 0.0 %"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
@@ -314,7 +321,7 @@ func TestFailedRequestsAreWarnedAbout(t *testing.T) {
 		{Name: "round-robin", Requests: 20, Completed: 20, RequestsPerSecond: 2, TTFTms: Quantiles{P50: 100}, QueueMs: Quantiles{P50: 1}, E2Ems: Quantiles{P50: 200}},
 	}}
 	w := saturationWarnings(res)
-	if len(w) != 1 || !strings.Contains(w[0], `router "kvepp:x=1": 20 of 20 requests failed`) || !strings.Contains(w[0], "work/kvepp-"+fileSlug("kvepp:x=1")+".log") {
+	if len(w) != 1 || !strings.Contains(w[0], `router "kvepp:x=1": 20 of 20 requests failed`) || !strings.Contains(w[0], "work/requests-"+fileSlug("kvepp:x=1")+".csv") || !strings.Contains(w[0], "no figures") {
 		t.Errorf("warnings %q, want one about kvepp:x=1's failed requests", w)
 	}
 }

@@ -29,8 +29,10 @@ func (e policyEntry) source() string { return fmt.Sprintf("%s %q", e.Flag, e.Tex
 
 // parsePolicyList splits a --baselines/--policies value into entries. Each entry is
 // name[:key=value[,key=value…]]; since entries are comma-separated too, a comma-separated piece
-// that contains "=" continues the parameters of the entry before it, and any other piece starts a
-// new entry. Values are YAML scalars (2 → number, true → bool, "a b" or a → string).
+// that is key=value with no ':' before its '=' continues the parameters of the entry before it
+// (so a value may hold ':', e.g. a URL), and any other piece starts a new entry. Policy parameter
+// values are YAML scalars (2 → number, true → bool, "a b" or a → string); the settings of kvepp
+// and kvepp-approx entries are kept exactly as written (see kveppSettings).
 func parsePolicyList(flagName, list string) ([]policyEntry, error) {
 	var out []policyEntry
 	for _, piece := range strings.Split(list, ",") {
@@ -39,13 +41,16 @@ func parsePolicyList(flagName, list string) ([]policyEntry, error) {
 			continue
 		}
 		name, param, hasParam := strings.Cut(piece, ":")
-		if !hasParam && strings.Contains(piece, "=") {
+		if key, _, hasEq := strings.Cut(piece, "="); hasEq && !strings.Contains(key, ":") {
 			if len(out) == 0 || out[len(out)-1].Params == nil {
 				return nil, fmt.Errorf("%s %q: parameters need a policy name first: name:key=value[,key=value…]", flagName, piece)
 			}
 			e := &out[len(out)-1]
 			e.Text += "," + piece
 			e.Raw = append(e.Raw, piece)
+			if isKvepp(e.Name) {
+				continue
+			}
 			if err := addParam(e, piece); err != nil {
 				return nil, err
 			}
@@ -58,14 +63,19 @@ func parsePolicyList(flagName, list string) ([]policyEntry, error) {
 		if hasParam {
 			e.Params = json.RawMessage("{}")
 			e.Raw = []string{strings.TrimSpace(param)}
-			if err := addParam(&e, param); err != nil {
-				return nil, err
+			if !isKvepp(e.Name) {
+				if err := addParam(&e, param); err != nil {
+					return nil, err
+				}
 			}
 		}
 		out = append(out, e)
 	}
 	return out, nil
 }
+
+// isKvepp reports whether name is one of the built-in routers, whose parameters are kvepp settings.
+func isKvepp(name string) bool { return name == "kvepp" || name == "kvepp-approx" }
 
 // addParam parses one key=value into e.Params.
 func addParam(e *policyEntry, kv string) error {
@@ -133,7 +143,7 @@ func (o *Options) baselines() ([]Baseline, error) {
 		switch {
 		case e.Name == catalog.DefaultName:
 			return nil, fmt.Errorf(`%s: use "kvepp" for the built-in policy (with KV events) or "kvepp-approx" (approximate mode)`, e.source())
-		case e.Name == "kvepp" || e.Name == "kvepp-approx":
+		case isKvepp(e.Name):
 			b := Baseline{Name: e.Name, Instance: catalog.DefaultName, UseKVEvents: e.Name == "kvepp", Source: e.source()}
 			if e.Params != nil {
 				env, err := kveppSettings(e)

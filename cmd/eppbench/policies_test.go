@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
@@ -229,5 +230,19 @@ func TestSaturationWarning(t *testing.T) {
 	data, _ := os.ReadFile(filepath.Join(dir, "r.json"))
 	if !bytes.Contains(data, []byte(`"warnings": [`)) {
 		t.Errorf("result.json lacks the warnings")
+	}
+}
+
+func TestParameterValuesMayHoldColons(t *testing.T) {
+	entries, err := parsePolicyList("--policies", "least-busy:min_device_overlap_blocks=0,endpoint=http://h:1,round-robin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 2 || entries[0].Name != "least-busy" || entries[1].Name != "round-robin" {
+		t.Fatalf("entries %+v, want least-busy with two parameters, then round-robin", entries)
+	}
+	var params map[string]any
+	if err := json.Unmarshal(entries[0].Params, &params); err != nil || params["endpoint"] != "http://h:1" || params["min_device_overlap_blocks"] != float64(0) {
+		t.Errorf("parameters %s (%v)", entries[0].Params, err)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/enginesim"
 	"github.com/kvepp/kvepp/enginesim/frontproxy"
 	"github.com/kvepp/kvepp/extproc/runner"
@@ -175,6 +176,11 @@ func (rc RunConfig) kveppSpecFor(b Baseline, workersFile string) kveppSpec {
 // "kvepp:overlap_score_credit=abc", fails at once with kvepp's own message instead of after the
 // routers before it have run.
 func checkKveppConfigs(rc RunConfig, baselines []Baseline) error {
+	// The run-wide settings first, so their errors name the flags that gave them, not a router.
+	plain := rc.kveppSpecFor(Baseline{Name: "kvepp", Instance: catalog.DefaultName, UseKVEvents: true}, filepath.Join(rc.WorkDir, "workers.yaml"))
+	if _, err := runner.LoadConfig(plain.environ(), nil, io.Discard); err != nil {
+		return fmt.Errorf("the settings for every router (--kvepp-env, --log-level, --tokenizer-dir): %w", err)
+	}
 	for _, b := range baselines {
 		spec := rc.kveppSpecFor(b, filepath.Join(rc.WorkDir, "workers-"+fileSlug(b.Name)+".yaml"))
 		if _, err := runner.LoadConfig(spec.environ(), nil, io.Discard); err != nil {
@@ -457,6 +463,14 @@ func send(ctx context.Context, client *http.Client, url string, rc RunConfig, re
 	}
 	defer resp.Body.Close()
 	res.status = resp.StatusCode
+	if resp.StatusCode != http.StatusOK {
+		// An error answer (kvepp's ImmediateResponse or the worker's) carries its reason as
+		// {"error": …}; keep it, so the CSV says why without a debug log.
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		res.clientErr = fmt.Sprintf("status %d: %s", resp.StatusCode, errorText(data))
+		res.finished = time.Now()
+		return
+	}
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	var sawDone bool
 	for {
@@ -478,6 +492,27 @@ func send(ctx context.Context, client *http.Client, url string, rc RunConfig, re
 	if res.status == http.StatusOK && !sawDone && res.clientErr == "" {
 		res.clientErr = "stream ended without [DONE]"
 	}
+}
+
+// errorText is the message of an OpenAI- or kvepp-style error body ({"error": "…"} or
+// {"error": {"message": "…"}}), else the body itself, trimmed.
+func errorText(body []byte) string {
+	var e struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(body, &e) == nil && len(e.Error) > 0 {
+		var msg string
+		if json.Unmarshal(e.Error, &msg) == nil {
+			return msg
+		}
+		var obj struct {
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(e.Error, &obj) == nil && obj.Message != "" {
+			return obj.Message
+		}
+	}
+	return strings.TrimSpace(string(body))
 }
 
 // completionBody renders {"model","prompt":[ids],"max_tokens","stream":true} for req.

@@ -304,6 +304,12 @@ func writeTable(out io.Writer, res *Result) {
 	fmt.Fprintln(out, "| router | hit rate | of ideal | TTFT p50 | TTFT p90 | TTFT p99 | req/s | out tok/s | decision p50 | decision p99 | kvepp CPU | errors |")
 	fmt.Fprintln(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, b := range res.Baselines {
+		if b.Completed == 0 {
+			// Nothing completed, so there is nothing to measure: dashes, not zeros.
+			fmt.Fprintf(out, "| %s | — | — | — | — | — | — | — | %s | %s | %.2f s | %d |\n",
+				b.Name, fmtUs(b.DecisionUs.P50), fmtUs(b.DecisionUs.P99), b.KveppCPUSeconds, b.Errors)
+			continue
+		}
 		fmt.Fprintf(out, "| %s | %.1f %% | %.0f %% | %s | %s | %s | %.2f | %.0f | %s | %s | %.2f s | %d |\n",
 			b.Name, 100*b.HitRate, 100*b.OfIdeal, fmtMs(b.TTFTms.P50), fmtMs(b.TTFTms.P90), fmtMs(b.TTFTms.P99),
 			b.RequestsPerSecond, b.OutputTokensPerSec, fmtUs(b.DecisionUs.P50), fmtUs(b.DecisionUs.P99),
@@ -332,8 +338,16 @@ func saturationWarnings(res *Result) []string {
 	var out []string
 	for _, b := range res.Baselines {
 		if b.Errors > 0 {
-			out = append(out, fmt.Sprintf("router %q: %d of %d requests failed, so its figures cover only the rest; "+
-				"see work/requests-%s.csv and work/kvepp-%s.log.", b.Name, b.Errors, b.Requests, fileSlug(b.Name), fileSlug(b.Name)))
+			cover := "so its figures cover only the rest"
+			if b.Completed == 0 {
+				cover = "so it has no figures"
+			}
+			why := ""
+			if len(b.FirstErrors) > 0 {
+				why = " First: " + b.FirstErrors[0] + "."
+			}
+			out = append(out, fmt.Sprintf("router %q: %d of %d requests failed, %s.%s The error of each is in work/requests-%s.csv.",
+				b.Name, b.Errors, b.Requests, cover, why, fileSlug(b.Name)))
 		}
 		if w := saturationWarning(b, res.Workload); w != "" {
 			out = append(out, w)
@@ -351,9 +365,12 @@ func saturationWarning(b BaselineResult, w WorkloadInfo) string {
 	if b.Completed == 0 || w.SpanSeconds <= 0 || w.Requests == 0 {
 		return ""
 	}
-	arrival := float64(w.Requests) / w.SpanSeconds
+	// Failed requests never reach a worker (or end early), so only the completed ones are
+	// expected to complete: comparing with every arrival would call a router that rejects
+	// requests saturated.
+	arrival := float64(b.Completed) / w.SpanSeconds
 	service := max(0, b.E2Ems.P50-b.QueueMs.P50) / 1000
-	expected := float64(w.Requests) / (w.SpanSeconds + service)
+	expected := float64(b.Completed) / (w.SpanSeconds + service)
 	var why []string
 	if b.RequestsPerSecond < saturatedThroughput*expected {
 		why = append(why, fmt.Sprintf("completes %.2f req/s while %.2f req/s arrive", b.RequestsPerSecond, arrival))
