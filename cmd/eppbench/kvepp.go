@@ -177,6 +177,25 @@ func (s kveppSpec) environ() []string {
 	), s.Extra...)
 }
 
+// logWarnings returns "; kvepp log: …" with the last three warning or error lines of the kvepp
+// log (which say, e.g., why a worker is not schedulable), or "" when there are none.
+func (p *kveppProcess) logWarnings() string {
+	data, err := os.ReadFile(p.log.Name())
+	if err != nil {
+		return ""
+	}
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.Contains(l, `"level":"warn"`) || strings.Contains(l, `"level":"error"`) {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	return "; kvepp log: " + strings.Join(lines[max(0, len(lines)-3):], " | ")
+}
+
 // kveppProcess is a running kvepp child.
 type kveppProcess struct {
 	cmd   *exec.Cmd

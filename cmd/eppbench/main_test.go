@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -323,5 +324,25 @@ func TestFailedRequestsAreWarnedAbout(t *testing.T) {
 	w := saturationWarnings(res)
 	if len(w) != 1 || !strings.Contains(w[0], `router "kvepp:x=1": 20 of 20 requests failed`) || !strings.Contains(w[0], "work/requests-"+fileSlug("kvepp:x=1")+".csv") || !strings.Contains(w[0], "no figures") {
 		t.Errorf("warnings %q, want one about kvepp:x=1's failed requests", w)
+	}
+}
+
+func TestKveppLogWarningsQuoteTheLastWarnings(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "kvepp.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p := &kveppProcess{log: f}
+	if got := p.logWarnings(); got != "" {
+		t.Errorf("empty log: %q", got)
+	}
+	for _, l := range []string{`{"level":"info","message":"a"}`, `{"level":"warn","message":"w1"}`, `{"level":"error","message":"e1"}`,
+		`{"level":"warn","message":"w2"}`, `{"level":"warn","message":"w3"}`} {
+		fmt.Fprintln(f, l)
+	}
+	want := `; kvepp log: {"level":"error","message":"e1"} | {"level":"warn","message":"w2"} | {"level":"warn","message":"w3"}`
+	if got := p.logWarnings(); got != want {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }

@@ -344,7 +344,7 @@ func waitSubscribed(ctx context.Context, pool *enginesim.Pool, kp *kveppProcess,
 			return errors.New("kvepp exited while subscribing to KV events")
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("kvepp did not subscribe to every worker's KV events within %v", timeout)
+			return fmt.Errorf("kvepp did not subscribe to every worker's KV events within %v%s", timeout, kp.logWarnings())
 		}
 		select {
 		case <-ctx.Done():

@@ -372,11 +372,16 @@ func (s *FileSource) apply(ctx context.Context, recs []picker.WorkerRecord) erro
 		}
 		upserts++
 		s.owned[rec.WorkerID] = rec
-		ev := s.log.Info().Uint64("worker_id", rec.WorkerID).Str("lifecycle", st.Lifecycle)
 		if len(st.NotSchedulableReasons) > 0 {
-			ev = ev.Strs("not_schedulable_reasons", st.NotSchedulableReasons)
+			// A worker the operator listed that cannot take traffic is worth a warning: the
+			// reasons usually name a missing field or setting.
+			s.log.Warn().Uint64("worker_id", rec.WorkerID).Str("lifecycle", st.Lifecycle).
+				Strs("not_schedulable_reasons", st.NotSchedulableReasons).
+				Msg("worker registered from workers file but not schedulable")
+		} else {
+			s.log.Info().Uint64("worker_id", rec.WorkerID).Str("lifecycle", st.Lifecycle).
+				Msg("worker registered from workers file")
 		}
-		ev.Msg("worker registered from workers file")
 	}
 	gone := make([]uint64, 0)
 	for id := range s.owned {
