@@ -30,6 +30,9 @@ func renderSVG(res *Result) string {
 	ttfts := make([]float64, len(res.Baselines))
 	for i, bl := range res.Baselines {
 		names[i], hits[i], ttfts[i] = bl.Name, 100*bl.HitRate, bl.TTFTms.P50
+		if bl.Completed == 0 {
+			hits[i], ttfts[i] = math.NaN(), math.NaN() // no figures: "no data", not a zero bar
+		}
 	}
 	ideal := 100 * res.Workload.IdealHitRate
 	barPanel(&b, 60, 60, 420, 260, "Prefix-cache hit rate (% of prompt tokens)", names, hits, "%.1f%%", ideal, "ideal %.1f%%")
@@ -58,12 +61,15 @@ func niceMax(v float64) float64 {
 	return 10 * p
 }
 
-// barPanel draws vertical bars with value labels; ref ≥ 0 adds a dashed reference line.
+// barPanel draws vertical bars with value labels; ref ≥ 0 adds a dashed reference line. A NaN
+// value (a router with no completed request) gets a "no data" label instead of a bar.
 func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []string, vals []float64, valFmt string, ref float64, refFmt string) {
 	text(b, x+w/2, y-12, "middle", 13, "bold", title)
 	top := ref
 	for _, v := range vals {
-		top = math.Max(top, v)
+		if !math.IsNaN(v) {
+			top = math.Max(top, v)
+		}
 	}
 	top = niceMax(top * 1.1)
 	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y+h, x+w, y+h)
@@ -81,10 +87,14 @@ func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []stri
 	slot := w / n
 	bw := slot * 0.6
 	for i, v := range vals {
-		bh := h * v / top
 		bx := x + slot*float64(i) + (slot-bw)/2
-		fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", bx, y+h-bh, bw, bh, color(i))
-		text(b, bx+bw/2, y+h-bh-4, "middle", 11, "normal", fmt.Sprintf(valFmt, v))
+		if math.IsNaN(v) {
+			text(b, bx+bw/2, y+h-4, "middle", 11, "normal", "no data")
+		} else {
+			bh := h * v / top
+			fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", bx, y+h-bh, bw, bh, color(i))
+			text(b, bx+bw/2, y+h-bh-4, "middle", 11, "normal", fmt.Sprintf(valFmt, v))
+		}
 		label := names[i]
 		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="11" transform="rotate(-25 %.1f %.1f)">%s</text>`+"\n",
 			bx+bw/2, y+h+14, bx+bw/2, y+h+14, html.EscapeString(label))

@@ -128,7 +128,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.IntVar(&o.Buckets, "buckets", o.Buckets, "time buckets of the hit-rate timeline")
 	fs.Func("kvepp-env", "extra KEY=VALUE setting for every kvepp instance, e.g. DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=2 (repeatable; KEY as in kvepp:key=value routers)", func(v string) error {
 		k, val, ok := strings.Cut(v, "=")
-		if k = strings.TrimSpace(k); !ok || k == "" {
+		if k, val = strings.TrimSpace(k), strings.TrimSpace(val); !ok || k == "" || val == "" {
 			return fmt.Errorf("want KEY=VALUE, got %q", v)
 		}
 		name, err := resolveSetting(k)
@@ -140,7 +140,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 				return fmt.Errorf("%s is given twice", name)
 			}
 		}
-		o.KveppEnv = append(o.KveppEnv, name+"="+strings.TrimSpace(val))
+		o.KveppEnv = append(o.KveppEnv, name+"="+val)
 		return nil
 	})
 	fs.StringVar(&o.KveppCPUProfile, "kvepp-cpuprofile", "", "directory for a CPU profile of each kvepp process (kvepp-<router>.pprof)")

@@ -104,10 +104,13 @@ func TestKveppBaselineSettings(t *testing.T) {
 	for list, wantErr := range map[string]string{
 		"kvepp:no_such_knob=1": `"no_such_knob" is not a kvepp setting`,
 		"kvepp:overlap_score_credit=6,DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=10": "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT is given twice",
-		"kvepp:use_kv_events=false":           "DYN_ROUTER_USE_KV_EVENTS is set by eppbench itself: use the kvepp-approx router",
-		"kvepp:DYN_LOG_LEVEL=debug":           "DYN_LOG is set by eppbench itself: use --log-level",
-		"kvepp-approx:kv_cache_block_size=32": "use --block-size",
-		"kvepp:epp_secure_serving=true":       "DYN_EPP_SECURE_SERVING is set by eppbench itself",
+		"kvepp:use_kv_events=false":                     "DYN_ROUTER_USE_KV_EVENTS is set by eppbench itself: use the kvepp-approx router",
+		"kvepp:DYN_LOG_LEVEL=debug":                     "DYN_LOG is set by eppbench itself: use --log-level",
+		"kvepp-approx:kv_cache_block_size=32":           "use --block-size",
+		"kvepp:epp_secure_serving=true":                 "DYN_EPP_SECURE_SERVING is set by eppbench itself",
+		"kvepp:temperature":                             "temperature needs a value",
+		"kvepp:temperature=":                            "temperature needs a value",
+		"kvepp :temperature=0.5,kvepp: temperature=0.5": "would share the result files",
 	} {
 		o.Baselines = list
 		if _, err := o.baselines(); err == nil || !strings.Contains(err.Error(), wantErr) {
@@ -143,6 +146,7 @@ func TestKveppEnvFlag(t *testing.T) {
 		{[]string{"--kvepp-env", "overlap_score_credit=2", "--kvepp-env", "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT=3"}, "given twice"},
 		{[]string{"--kvepp-env", "DYN_EPP_GRPC_PORT=9002"}, "set by eppbench itself"},
 		{[]string{"--kvepp-env", "novalue"}, "want KEY=VALUE"},
+		{[]string{"--kvepp-env", "DYN_ROUTER_TEMPERATURE="}, "want KEY=VALUE"},
 	} {
 		if _, err := parseFlags(tc.args, io.Discard); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 			t.Errorf("%q: error %v, want one containing %q", tc.args, err, tc.wantErr)
@@ -269,6 +273,16 @@ func TestRenderSVG(t *testing.T) {
 		if !strings.Contains(svg, want) {
 			t.Errorf("the SVG lacks %q", want)
 		}
+	}
+	// A router with nothing completed gets "no data" in both bar panels, never a zero bar or NaN.
+	res := sampleResult()
+	res.Baselines = append(res.Baselines, BaselineResult{Name: "failed", Requests: 7, Errors: 7})
+	svg = renderSVG(res)
+	if strings.Count(svg, ">no data<") != 2 || strings.Contains(svg, "NaN") {
+		t.Errorf("a router without figures: want two \"no data\" labels and no NaN:\n%s", svg)
+	}
+	if got := describe(res.Baselines[2]); got != "failed: no request completed, errors 7" {
+		t.Errorf("describe = %q", got)
 	}
 }
 

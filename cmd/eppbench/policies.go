@@ -82,7 +82,7 @@ func addParam(e *policyEntry, kv string) error {
 	k, v, ok := strings.Cut(kv, "=")
 	k = strings.TrimSpace(k)
 	if !ok || k == "" {
-		return fmt.Errorf("%s: want key=value after the policy name, got %q", e.source(), kv)
+		return fmt.Errorf("%s: want key=value after the policy name, got %q (commas separate routers and parameters, so a comma-list value needs --policy-config, or --kvepp-env for a kvepp setting)", e.source(), kv)
 	}
 	m := map[string]any{}
 	if err := json.Unmarshal(e.Params, &m); err != nil {
@@ -191,6 +191,14 @@ func (o *Options) baselines() ([]Baseline, error) {
 	if len(out) == 0 {
 		return nil, errors.New("--baselines, --policies and --policy-config name no router")
 	}
+	files := map[string]string{} // file name → router
+	for _, b := range out {
+		slug := fileSlug(b.Name)
+		if prev, taken := files[slug]; taken {
+			return nil, fmt.Errorf("%s and %q would share the result files work/*-%s.*; write them differently", b.Source, prev, slug)
+		}
+		files[slug] = b.Name
+	}
 	return out, nil
 }
 
@@ -251,16 +259,20 @@ func kveppSettings(e policyEntry) ([]string, error) {
 	var out []string
 	for _, kv := range e.Raw {
 		key, val, _ := strings.Cut(kv, "=")
-		key = strings.TrimSpace(key)
+		key, val = strings.TrimSpace(key), strings.TrimSpace(val)
 		name, err := resolveSetting(key)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", e.source(), err)
+		}
+		if val == "" {
+			// kvepp reads an empty value as unset, which would quietly drop a --kvepp-env value.
+			return nil, fmt.Errorf("%s: %s needs a value: key=value", e.source(), key)
 		}
 		if prev, dup := seen[name]; dup {
 			return nil, fmt.Errorf("%s: %s is given twice (as %q and %q)", e.source(), name, prev, key)
 		}
 		seen[name] = key
-		out = append(out, name+"="+strings.TrimSpace(val))
+		out = append(out, name+"="+val)
 	}
 	slices.Sort(out)
 	return out, nil

@@ -415,6 +415,9 @@ func writeJSON(path string, res *Result) error {
 
 // describe is a one-line summary of a baseline for logs.
 func describe(b BaselineResult) string {
+	if b.Completed == 0 {
+		return fmt.Sprintf("%s: no request completed, errors %d", b.Name, b.Errors)
+	}
 	return strings.TrimSpace(fmt.Sprintf("%s: hit %.1f%% (%.0f%% of ideal), TTFT p50 %s, errors %d",
 		b.Name, 100*b.HitRate, 100*b.OfIdeal, fmtMs(b.TTFTms.P50), b.Errors))
 }
