@@ -132,10 +132,7 @@ func (b *requestBody) promptTokens(chat bool) ([]uint32, error) {
 // accepts for []uint32 (a null id is 0 in both), which is what decoding into []int64 followed by
 // checkTokenIDs accepts.
 func fastTokenIDs(raw []byte) (ids []uint32, ok bool) {
-	i := 1
-	for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
-		i++
-	}
+	i := tokenjson.SkipSpace(raw, 1)
 	if i >= len(raw) {
 		return nil, false
 	}
@@ -351,14 +348,11 @@ func (w *Worker) serveGenerate(rw http.ResponseWriter, r *http.Request, chat boo
 			writeError(rw, http.StatusServiceUnavailable, fmt.Sprintf("request %s did not complete: %v", req.id, err))
 			return
 		}
-		var text strings.Builder
-		for k := 0; k < rec.OutputTokens; k++ {
-			text.WriteString(outputText(k))
-		}
+		text := outputText(0, rec.OutputTokens)
 		if chat {
-			base.Choices = []chatChoice{{Message: &chatMessageOut{Role: "assistant", Content: text.String()}, FinishReason: &finishLength}}
+			base.Choices = []chatChoice{{Message: &chatMessageOut{Role: "assistant", Content: text}, FinishReason: &finishLength}}
 		} else {
-			base.Choices = []completionChoice{{Text: text.String(), FinishReason: &finishLength}}
+			base.Choices = []completionChoice{{Text: text, FinishReason: &finishLength}}
 		}
 		base.Usage = recordUsage(rec)
 		rw.Header().Set("Content-Type", "application/json")
@@ -389,18 +383,13 @@ func (w *Worker) serveGenerate(rw http.ResponseWriter, r *http.Request, chat boo
 		}
 		return nil
 	}
-	var text strings.Builder
 	rec, err := w.execute(r.Context(), req, func(from, to int) error {
 		var fin *string
 		if to == maxTokens {
 			fin = &finishLength
 		}
 		chunk := base
-		text.Reset()
-		for k := from; k < to; k++ {
-			text.WriteString(outputText(k))
-		}
-		text := text.String()
+		text := outputText(from, to)
 		if chat {
 			if from == 0 {
 				empty := ""

@@ -51,7 +51,11 @@ func RenderChat(msgs []ChatMessage) string {
 // outputWords is the text emitted for generated tokens, cycled.
 var outputWords = [...]string{" lorem", " ipsum", " dolor", " sit", " amet"}
 
-// outputText returns the text of generated token k (0-based).
-func outputText(k int) string {
-	return outputWords[k%len(outputWords)]
+// outputText returns the text of generated tokens from..to−1 (0-based), concatenated.
+func outputText(from, to int) string {
+	var b strings.Builder
+	for k := from; k < to; k++ {
+		b.WriteString(outputWords[k%len(outputWords)])
+	}
+	return b.String()
 }

@@ -151,6 +151,11 @@ type baselineRun struct {
 	startup   time.Duration
 }
 
+// workersFile is the path of baseline b's generated workers file.
+func (rc RunConfig) workersFile(b Baseline) string {
+	return filepath.Join(rc.WorkDir, "workers-"+fileSlug(b.Name)+".yaml")
+}
+
 // kveppSpecFor is the kvepp configuration of baseline b in this run, with workersFile as its
 // workers file.
 func (rc RunConfig) kveppSpecFor(b Baseline, workersFile string) kveppSpec {
@@ -182,7 +187,7 @@ func checkKveppConfigs(rc RunConfig, baselines []Baseline) error {
 		return fmt.Errorf("the settings for every router (--kvepp-env, --log-level, --tokenizer-dir): %w", err)
 	}
 	for _, b := range baselines {
-		spec := rc.kveppSpecFor(b, filepath.Join(rc.WorkDir, "workers-"+fileSlug(b.Name)+".yaml"))
+		spec := rc.kveppSpecFor(b, rc.workersFile(b))
 		if _, err := runner.LoadConfig(spec.environ(), nil, io.Discard); err != nil {
 			return fmt.Errorf("%s: %w", b.Source, err)
 		}
@@ -224,7 +229,7 @@ func runBaseline(ctx context.Context, rc RunConfig, b Baseline) (*baselineRun, e
 			fmt.Fprintf(&yml, "  kv_events_endpoint: %q\n  replay_endpoint: %q\n", w.KVEventsEndpoint(), w.ReplayEndpoint())
 		}
 	}
-	workersFile := filepath.Join(rc.WorkDir, "workers-"+fileSlug(b.Name)+".yaml")
+	workersFile := rc.workersFile(b)
 	if err := os.WriteFile(workersFile, []byte(yml.String()), 0o644); err != nil {
 		return nil, err
 	}
