@@ -10,7 +10,7 @@ import (
 
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/examples/custompolicy"
-	"github.com/kvepp/kvepp/extproc/runner"
+	"github.com/kvepp/kvepp/runner"
 )
 
 func main() { runner.Main("epp-custom", run) }

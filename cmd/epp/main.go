@@ -10,7 +10,7 @@ import (
 	"context"
 
 	"github.com/kvepp/kvepp/catalog"
-	"github.com/kvepp/kvepp/extproc/runner"
+	"github.com/kvepp/kvepp/runner"
 )
 
 func main() {

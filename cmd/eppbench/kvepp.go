@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvepp/kvepp/catalog"
-	"github.com/kvepp/kvepp/extproc/runner"
+	"github.com/kvepp/kvepp/runner"
 )
 
 // childEnv marks the process as a kvepp instance started by eppbench (see runChild).

@@ -8,7 +8,7 @@
 //	go run ./cmd/eppbench --trace ../shared/traces/mooncake_conversation_trace.jsonl --workers 8
 //
 // Every baseline runs against a fresh kvepp process (this binary re-executed as the real runner,
-// extproc/runner, configured through its DYN_* environment) and a fresh enginesim pool with the
+// runner, configured through its DYN_* environment) and a fresh enginesim pool with the
 // same seeds; requests go through enginesim/frontproxy, which speaks ext_proc to kvepp exactly as
 // Envoy does. KV events travel from the simulated workers to kvepp over ZeroMQ. See README.md.
 package main

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kvepp/kvepp/catalog"
-	"github.com/kvepp/kvepp/extproc/runner"
+	"github.com/kvepp/kvepp/runner"
 	"github.com/kvepp/kvepp/extproc/tokenizer"
 )
 

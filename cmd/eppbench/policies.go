@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvepp/kvepp/catalog"
-	"github.com/kvepp/kvepp/extproc/runner"
+	"github.com/kvepp/kvepp/runner"
 )
 
 // policyEntry is one router named on the command line: a name (kvepp, kvepp-approx or a catalog

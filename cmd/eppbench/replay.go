@@ -23,7 +23,7 @@ import (
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/enginesim"
 	"github.com/kvepp/kvepp/enginesim/frontproxy"
-	"github.com/kvepp/kvepp/extproc/runner"
+	"github.com/kvepp/kvepp/runner"
 )
 
 // Baseline is one router configuration under test.

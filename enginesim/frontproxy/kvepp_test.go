@@ -11,7 +11,7 @@ import (
 
 	"github.com/kvepp/kvepp/enginesim"
 	"github.com/kvepp/kvepp/enginesim/frontproxy"
-	"github.com/kvepp/kvepp/extproc/runner"
+	"github.com/kvepp/kvepp/runner"
 	"github.com/kvepp/kvepp/picker"
 )
 

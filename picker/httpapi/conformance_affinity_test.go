@@ -7,7 +7,7 @@ import (
 
 	"github.com/kvepp/kvepp/ledger"
 	"github.com/kvepp/kvepp/picker"
-	"github.com/kvepp/kvepp/picker/selectservice"
+	"github.com/kvepp/kvepp/runner/selectservice"
 )
 
 // Conformance suite, selection-service.md §20 "Session affinity (hard mode)" (items 49-55).

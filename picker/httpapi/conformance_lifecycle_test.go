@@ -52,7 +52,7 @@ func TestAcceptance34Shutdown(t *testing.T) {
 		e.ok(200, c.method, c.path, "")
 	}
 	// Queued selections failing on shutdown: TestAcceptance34QueuedSelectionsFailOnShutdown;
-	// listeners stopping on shutdown is the service runner's job (picker/selectservice
+	// listeners stopping on shutdown is the service runner's job (runner/selectservice
 	// TestRunShutdownClosesTheEventListeners).
 }
 

@@ -67,7 +67,7 @@ func TestAcceptance59StartupValidation(t *testing.T) {
 		t.Fatalf("temperature -1: %v", err)
 	}
 	t.Run("replica sockets and recovery waiting", func(t *testing.T) {
-		t.Skip("replica sockets arrive with ledger/replica; recovery submission is picker/selectservice TestRunRecoversTheIndexFromAPeer")
+		t.Skip("replica sockets arrive with ledger/replica; recovery submission is runner/selectservice TestRunRecoversTheIndexFromAPeer")
 	})
 }
 

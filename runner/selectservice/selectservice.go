@@ -3,7 +3,7 @@
 // picker core, recovers the KV index from --indexer-peers, and serves the HTTP API of
 // picker/httpapi until its context ends, then shuts down gracefully.
 //
-// The composition root (extproc/runner) owns the environment configuration (DYN_ROUTER_*, the
+// The composition root (runner) owns the environment configuration (DYN_ROUTER_*, the
 // policy registry, the KV-event manager) and passes it in as a picker.Config; this package adds
 // what the flags control and the service's lifecycle.
 package selectservice

@@ -17,7 +17,7 @@ import (
 	"github.com/kvepp/kvepp/picker"
 	"github.com/kvepp/kvepp/picker/httpapi"
 	"github.com/kvepp/kvepp/picker/queue"
-	"github.com/kvepp/kvepp/picker/selectservice"
+	"github.com/kvepp/kvepp/runner/selectservice"
 )
 
 func TestParseFlags(t *testing.T) {

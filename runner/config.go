@@ -385,7 +385,7 @@ func LoadConfig(environ []string, args []string, usage io.Writer) (Config, error
 // LoadSelectServiceConfig reads the environment part of `epp select-service`'s configuration:
 // the router settings, policy configuration, log level, DYN_EPP_SELECTION_HTTP_PORT and
 // DYN_EPP_BIND_ADDRESS (the defaults of --port and the bind host). Only the settings that service
-// uses are validated; its flags are parsed by picker/selectservice.
+// uses are validated; its flags are parsed by runner/selectservice.
 func LoadSelectServiceConfig(environ []string) (Config, error) {
 	return loadConfig(environ, nil, io.Discard, true)
 }

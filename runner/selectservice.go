@@ -14,11 +14,11 @@ import (
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/kvindex/kvevents"
 	"github.com/kvepp/kvepp/picker"
-	"github.com/kvepp/kvepp/picker/selectservice"
+	"github.com/kvepp/kvepp/runner/selectservice"
 )
 
 // RunSelectService runs `epp select-service`: only the HTTP selection service of
-// selection-service.md (no ext_proc, no discovery, no tokenizer), served by picker/selectservice.
+// selection-service.md (no ext_proc, no discovery, no tokenizer), served by runner/selectservice.
 // The router settings, the policy configuration and the log level come from the environment as
 // for the EPP (DYN_ROUTER_*, DYN_LOG; DYN_EPP_SELECTION_HTTP_PORT and DYN_EPP_BIND_ADDRESS give
 // the defaults of --port and the bind host); the command-line flags are the standalone service's
