@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/kvepp/kvepp/catalog"
-	"github.com/kvepp/kvepp/runner"
 	"github.com/kvepp/kvepp/extproc/tokenizer"
+	"github.com/kvepp/kvepp/runner"
 )
 
 // TestMain lets the test binary play the kvepp child process that the benchmark starts (it

@@ -11,8 +11,8 @@ import (
 
 	"github.com/kvepp/kvepp/enginesim"
 	"github.com/kvepp/kvepp/enginesim/frontproxy"
-	"github.com/kvepp/kvepp/runner"
 	"github.com/kvepp/kvepp/picker"
+	"github.com/kvepp/kvepp/runner"
 )
 
 // TestProxyWithKvepp puts the proxy between a client, the real kvepp (runner.Start, approximate
