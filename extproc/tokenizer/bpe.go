@@ -4,7 +4,8 @@ import (
 	"sync"
 )
 
-// bpeModel is the byte-level BPE model of tokenizer.json (tokenizer.md "Byte-level BPE", step 6).
+// bpeModel is the BPE model of tokenizer.json: byte-level (tokenizer.md "Byte-level BPE", step
+// 6) or, with chars set, SentencePiece-style.
 type bpeModel struct {
 	vocab map[string]uint32 // vocabulary spelling → id
 	// byteIDs[b] is the id of the single-character token for byte b, or -1 when the vocabulary
@@ -15,6 +16,9 @@ type bpeModel struct {
 	unkID        int64 // -1 when the model has no unk token
 	fuseUnk      bool
 	ignoreMerges bool
+	// chars is set for SentencePiece-style models, whose symbols are characters (not byte-level
+	// runes) with optional byte fallback; nil for byte-level BPE.
+	chars *charSymbols
 }
 
 // heapThreshold is the symbol count above which merging switches from the quadratic scan to

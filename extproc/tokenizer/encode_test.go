@@ -164,7 +164,7 @@ func TestEncodeHardCases(t *testing.T) {
 	t.Run("long runs of one character merge like the reference", func(t *testing.T) {
 		long := strings.Repeat("a", 5000)
 		ids := tk.Encode(long, false)
-		if tk.Decode(ids) != long {
+		if mustDecode(t, tk, ids) != long {
 			t.Fatalf("round trip failed")
 		}
 		// The heap path and the scan path agree.
@@ -193,11 +193,12 @@ func TestLoadErrors(t *testing.T) {
 		json        string
 		unsupported bool
 	}{
-		{"a Metaspace (SentencePiece) pre-tokenizer is unsupported", base(bpe, `{"type":"Metaspace","replacement":"▁"}`), true},
+		{"a Precompiled (Unigram charsmap) normalizer is unsupported", strings.Replace(base(bpe, `null`), `"normalizer":null`, `"normalizer":{"type":"Precompiled","precompiled_charsmap":""}`, 1), true},
+		{"a Metaspace with an invalid prepend_scheme is an error", base(bpe, `{"type":"Metaspace","replacement":"▁","prepend_scheme":"sometimes"}`), false},
 		{"a WordPiece model is unsupported", base(`{"type":"WordPiece","vocab":{"a":0}}`, bl), true},
 		{"a Unigram model is unsupported", base(`{"type":"Unigram","vocab":[["a",0]]}`, bl), true},
-		{"byte fallback is unsupported", base(`{"type":"BPE","byte_fallback":true,"vocab":{},"merges":[]}`, bl), true},
-		{"BPE without ByteLevel is unsupported", base(bpe, `null`), true},
+		{"byte fallback behind ByteLevel is unsupported", base(`{"type":"BPE","byte_fallback":true,"vocab":{},"merges":[]}`, bl), true},
+		{"a WordPiece pre-tokenizer is unsupported", base(bpe, `{"type":"BertPreTokenizer"}`), true},
 		{"a merge whose result is missing is an error", base(`{"type":"BPE","vocab":{"a":0,"b":1},"merges":[["a","b"]]}`, bl), false},
 		{"a malformed merge string is an error", base(`{"type":"BPE","vocab":{"a":0},"merges":["a"]}`, bl), false},
 		{"truncated JSON is an error", `{"model":`, false},
@@ -211,6 +212,9 @@ func TestLoadErrors(t *testing.T) {
 			}
 			if got := errors.Is(err, ErrUnsupported); got != tc.unsupported {
 				t.Fatalf("errors.Is(err, ErrUnsupported) = %v, want %v (err: %v)", got, tc.unsupported, err)
+			}
+			if tc.unsupported && !strings.Contains(err.Error(), "DYN_EPP_TOKENIZER_PROTOCOL=vllm-render") {
+				t.Fatalf("error %q does not suggest vllm-render", err)
 			}
 		})
 	}
@@ -230,7 +234,7 @@ func TestDecodeRoundTrip(t *testing.T) {
 	}
 	readJSON(t, filepath.Join("testdata", "qwen3-encode-golden.json"), &g)
 	for i, c := range g.Cases {
-		if got, want := tk.Decode(tk.Encode(c.Text, false)), nfcBetweenAdded(tk, c.Text); got != want {
+		if got, want := mustDecode(t, tk, tk.Encode(c.Text, false)), nfcBetweenAdded(tk, c.Text); got != want {
 			t.Fatalf("case %d: Decode(Encode(%q)) = %q, want %q", i, c.Text, got, want)
 		}
 	}

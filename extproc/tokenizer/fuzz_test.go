@@ -19,7 +19,7 @@ func FuzzEncode(f *testing.F) {
 		if !utf8.ValidString(s) {
 			return
 		}
-		if got, want := tk.Decode(ids), nfcBetweenAdded(tk, s); got != want {
+		if got, want := mustDecode(t, tk, ids), nfcBetweenAdded(tk, s); got != want {
 			t.Fatalf("Decode(Encode(%q)) = %q, want %q", s, got, want)
 		}
 	})

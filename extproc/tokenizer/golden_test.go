@@ -53,7 +53,7 @@ func TestGoldenQwen3Requests(t *testing.T) {
 			if len(sh) != len(v.SequenceHashes) || (len(sh) > 0 && !cmp.Equal(sh, v.SequenceHashes)) {
 				t.Fatalf("sequence hashes differ: want %v, got %v", v.SequenceHashes, sh)
 			}
-			if got := tk.Decode(ids); got != v.RenderedPrompt {
+			if got := mustDecode(t, tk, ids); got != v.RenderedPrompt {
 				t.Errorf("Decode(token ids) = %q, want the rendered prompt", got)
 			}
 		})

@@ -57,3 +57,13 @@ func sequenceHashes(blocks []uint64) []uint64 {
 	}
 	return out
 }
+
+// mustDecode is Decode(ids, false) failing the test on error.
+func mustDecode(t testing.TB, tk *Tokenizer, ids []uint32) string {
+	t.Helper()
+	s, err := tk.Decode(ids, false)
+	if err != nil {
+		t.Fatalf("Decode: %v", err)
+	}
+	return s
+}

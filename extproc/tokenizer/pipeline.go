@@ -11,11 +11,16 @@ import (
 )
 
 // ErrUnsupported is wrapped by Load for tokenizer layouts this package does not implement
-// (SentencePiece/Metaspace, WordPiece, Unigram, byte fallback, unknown pipeline components).
+// (Unigram, WordPiece and WordLevel models, the Precompiled normalizer, unknown pipeline
+// components). The error text names the component and suggests vllm-render, which lets the
+// model server tokenize instead.
 var ErrUnsupported = errors.New("unsupported tokenizer layout")
 
+// vllmRenderHint ends every ErrUnsupported message.
+const vllmRenderHint = "; set DYN_EPP_TOKENIZER_PROTOCOL=vllm-render to let the model server tokenize"
+
 func unsupported(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrUnsupported, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s%s", ErrUnsupported, fmt.Sprintf(format, args...), vllmRenderHint)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -91,8 +96,31 @@ func parseNormalizer(raw json.RawMessage) (normalizer, error) {
 			return nil, nil
 		}
 		return out, nil
-	case "Prepend", "Replace", "Precompiled":
-		return nil, unsupported("normalizer %q (SentencePiece-style layout)", t.Type)
+	case "Prepend":
+		var q struct {
+			Prepend string `json:"prepend"`
+		}
+		if err := json.Unmarshal(raw, &q); err != nil {
+			return nil, fmt.Errorf("normalizer Prepend: %w", err)
+		}
+		return prependNormalizer(q.Prepend), nil
+	case "Replace":
+		rp, err := parseReplace(raw, "normalizer Replace")
+		if err != nil {
+			return nil, err
+		}
+		return rp, nil
+	case "Strip":
+		var q struct {
+			Left  bool `json:"strip_left"`
+			Right bool `json:"strip_right"`
+		}
+		if err := json.Unmarshal(raw, &q); err != nil {
+			return nil, fmt.Errorf("normalizer Strip: %w", err)
+		}
+		return stripNormalizer{left: q.Left, right: q.Right}, nil
+	case "Precompiled":
+		return nil, unsupported("normalizer Precompiled (a SentencePiece charsmap, used by Unigram models)")
 	}
 	return nil, unsupported("normalizer %q", t.Type)
 }
@@ -110,9 +138,11 @@ const (
 	behContiguous
 )
 
-// preStep transforms a list of pieces into a new list of pieces (appended to dst).
+// preStep transforms a list of pieces into a new list of pieces (appended to dst). first
+// reports whether pieces[0] starts at offset 0 of the text being encoded (Metaspace's
+// prepend_scheme "first" needs it); apply returns the same fact for its output.
 type preStep interface {
-	apply(pieces []string, dst []string) []string
+	apply(pieces []string, first bool, dst []string) ([]string, bool)
 }
 
 type splitStep struct {
@@ -150,9 +180,10 @@ type part struct {
 	match bool
 }
 
-func (st *splitStep) apply(pieces []string, dst []string) []string {
+func (st *splitStep) apply(pieces []string, first bool, dst []string) ([]string, bool) {
 	var spanBuf [64][2]int
-	for _, p := range pieces {
+	outFirst := first
+	for k, p := range pieces {
 		matches := st.spans(p, spanBuf[:0])
 		// Build the alternating list of (span, isMatch) covering p.
 		parts := make([]part, 0, 2*len(matches)+1)
@@ -172,9 +203,12 @@ func (st *splitStep) apply(pieces []string, dst []string) []string {
 				parts[k].match = !parts[k].match
 			}
 		}
+		if k == 0 && st.behavior == behRemoved && len(parts) > 0 && parts[0].match {
+			outFirst = false // the leading match is dropped: the first output starts later
+		}
 		dst = st.behave(p, parts, dst)
 	}
-	return dst
+	return dst, outFirst
 }
 
 // behave applies the Split behaviour to the alternating (span, isMatch) parts of p, mirroring
@@ -240,7 +274,7 @@ type byteLevelStep struct {
 	useRegex       bool
 }
 
-func (b byteLevelStep) apply(pieces []string, dst []string) []string {
+func (b byteLevelStep) apply(pieces []string, first bool, dst []string) ([]string, bool) {
 	for _, p := range pieces {
 		if b.addPrefixSpace && !strings.HasPrefix(p, " ") {
 			p = " " + p
@@ -255,12 +289,12 @@ func (b byteLevelStep) apply(pieces []string, dst []string) []string {
 			i = j
 		}
 	}
-	return dst
+	return dst, first
 }
 
 type digitsStep struct{ individual bool }
 
-func (d digitsStep) apply(pieces []string, dst []string) []string {
+func (d digitsStep) apply(pieces []string, first bool, dst []string) ([]string, bool) {
 	for _, p := range pieces {
 		start := 0
 		inDigits := false
@@ -285,7 +319,7 @@ func (d digitsStep) apply(pieces []string, dst []string) []string {
 			dst = append(dst, p[start:])
 		}
 	}
-	return dst
+	return dst, first
 }
 
 // preTokenizer is the flattened pre-tokenizer chain. fast is set when the whole chain is one
@@ -293,7 +327,8 @@ func (d digitsStep) apply(pieces []string, dst []string) []string {
 type preTokenizer struct {
 	steps     []preStep
 	fast      scanFunc
-	byteLevel bool // a ByteLevel step is present (required)
+	byteLevel bool // a ByteLevel step is present: the model's symbols are bytes, not characters
+	metaspace bool // a Metaspace step is present (SentencePiece layout)
 }
 
 func parsePreTokenizer(raw json.RawMessage) (*preTokenizer, error) {
@@ -405,16 +440,23 @@ func (pt *preTokenizer) add(raw json.RawMessage) error {
 		pt.steps = append(pt.steps, digitsStep{individual: q.IndividualDigits})
 		return nil
 	case "Metaspace":
-		return unsupported("pre_tokenizer Metaspace (SentencePiece layout)")
+		ms, err := parseMetaspace(raw)
+		if err != nil {
+			return err
+		}
+		pt.steps = append(pt.steps, ms)
+		pt.metaspace = true
+		return nil
 	}
 	return unsupported("pre_tokenizer %q", t.Type)
 }
 
-// run applies the general chain to s.
-func (pt *preTokenizer) run(s string) []string {
+// run applies the general chain to s; first reports whether s starts at offset 0 of the text
+// being encoded.
+func (pt *preTokenizer) run(s string, first bool) []string {
 	pieces := []string{s}
 	for _, st := range pt.steps {
-		pieces = st.apply(pieces, make([]string, 0, len(pieces)*4))
+		pieces, first = st.apply(pieces, first, make([]string, 0, len(pieces)*4))
 	}
 	return pieces
 }

@@ -21,12 +21,17 @@ type Tokenizer struct {
 	norm      normalizer    // nil when tokenizer.json has none
 	pre       *preTokenizer
 	post      postProcessor
+	dec       decoder // nil when tokenizer.json has none (tokens are joined with spaces)
+	decErr    error   // why dec is missing when tokenizer.json has a decoder this package lacks
 	cache     *pieceCache
 
 	idToToken map[uint32]string // vocabulary spelling by id (model vocab)
 	addedByID map[uint32]*addedToken
 
 	chat *chatConfig // nil when the model has no chat template
+
+	cleanUpSpaces  bool // tokenizer_config.json clean_up_tokenization_spaces (Decode)
+	modelMaxLength int  // tokenizer_config.json model_max_length, 0 = unknown
 
 	segPool sync.Pool // *[]segment scratch
 }
@@ -46,6 +51,7 @@ type tokenizerJSON struct {
 	Normalizer    json.RawMessage  `json:"normalizer"`
 	PreTokenizer  json.RawMessage  `json:"pre_tokenizer"`
 	PostProcessor json.RawMessage  `json:"post_processor"`
+	Decoder       json.RawMessage  `json:"decoder"`
 	Model         struct {
 		Type                    string          `json:"type"`
 		Vocab                   json.RawMessage `json:"vocab"`
@@ -64,8 +70,8 @@ type tokenizerJSON struct {
 // present, which transformers prefers over the config's chat_template) and builds a Tokenizer
 // (tokenizer.md, epp.md §5.4 `local`). tokenizer_config.json is optional; without a chat
 // template TokenizeChat and TokenizeResponses fail with ErrNoChatTemplate. Errors name the file
-// and wrap ErrUnsupported for layouts other than byte-level BPE (SentencePiece/Metaspace,
-// WordPiece, Unigram, byte fallback).
+// and wrap ErrUnsupported for what is not implemented (Unigram, WordPiece and WordLevel models,
+// the Precompiled normalizer, unknown components), naming the component.
 func Load(dir string) (*Tokenizer, error) {
 	path := filepath.Join(dir, "tokenizer.json")
 	data, err := os.ReadFile(path)
@@ -83,6 +89,9 @@ func Load(dir string) (*Tokenizer, error) {
 		cfgData = nil
 	case err != nil:
 		return nil, fmt.Errorf("load tokenizer config: %w", err)
+	}
+	if err := t.applyConfig(cfgData); err != nil {
+		return nil, fmt.Errorf("load tokenizer config %s: %w", cfgPath, err)
 	}
 	var jinjaFile []byte
 	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
@@ -121,12 +130,9 @@ func parseTokenizerJSON(data []byte) (*Tokenizer, error) {
 			return nil, unsupported("model without type or merges")
 		}
 	case "WordPiece", "WordLevel", "Unigram":
-		return nil, unsupported("model type %q (only byte-level BPE is implemented)", m.Type)
+		return nil, unsupported("model %s (only BPE models are implemented)", m.Type)
 	default:
-		return nil, unsupported("model type %q", m.Type)
-	}
-	if m.ByteFallback {
-		return nil, unsupported("BPE with byte_fallback (SentencePiece layout)")
+		return nil, unsupported("model %q", m.Type)
 	}
 	if m.Dropout != nil && *m.Dropout > 0 {
 		return nil, unsupported("BPE dropout %v", *m.Dropout)
@@ -143,10 +149,19 @@ func parseTokenizerJSON(data []byte) (*Tokenizer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !pre.byteLevel {
-		return nil, unsupported("pre_tokenizer without ByteLevel (not a byte-level BPE layout)")
+	if pre.byteLevel && m.ByteFallback {
+		return nil, unsupported("BPE with byte_fallback behind a ByteLevel pre-tokenizer")
 	}
-	t := &Tokenizer{norm: norm, pre: pre, cache: newPieceCache()}
+	if pre.byteLevel && pre.metaspace {
+		return nil, unsupported("pre_tokenizer with both ByteLevel and Metaspace")
+	}
+	// Decoding only serves /detokenize: a decoder this package lacks must not stop a tokenizer
+	// that encodes exactly from loading, so its error is kept and returned by Decode.
+	dec, decErr := parseDecoder(tj.Decoder)
+	if decErr != nil && !errors.Is(decErr, ErrUnsupported) {
+		return nil, decErr
+	}
+	t := &Tokenizer{norm: norm, pre: pre, dec: dec, decErr: decErr, cache: newPieceCache()}
 	if err := t.post.parse(tj.PostProcessor); err != nil {
 		return nil, err
 	}
@@ -161,9 +176,12 @@ func parseTokenizerJSON(data []byte) (*Tokenizer, error) {
 	}
 	for b := 0; b < 256; b++ {
 		bm.byteIDs[b] = -1
-		if id, ok := bm.vocab[string(byteToRune[b])]; ok {
+		if id, ok := bm.vocab[string(byteToRune[b])]; ok && pre.byteLevel {
 			bm.byteIDs[b] = int64(id)
 		}
+	}
+	if !pre.byteLevel {
+		bm.initCharSymbols(m.ByteFallback, pairs)
 	}
 	if m.UnkToken != nil {
 		id, ok := bm.vocab[*m.UnkToken]
@@ -330,7 +348,7 @@ func (t *Tokenizer) appendEncoded(text string, dst []uint32) []uint32 {
 			seg = t.norm.normalize(seg)
 		}
 		if !t.addedNorm.any {
-			dst = t.appendWords(seg, dst)
+			dst = t.appendWords(seg, sg.start == 0, dst)
 			continue
 		}
 		inner := t.addedNorm.split(seg, nil)
@@ -338,7 +356,7 @@ func (t *Tokenizer) appendEncoded(text string, dst []uint32) []uint32 {
 			if s2.id >= 0 {
 				dst = append(dst, uint32(s2.id))
 			} else {
-				dst = t.appendWords(seg[s2.start:s2.end], dst)
+				dst = t.appendWords(seg[s2.start:s2.end], sg.start == 0 && s2.start == 0, dst)
 			}
 		}
 	}
@@ -346,8 +364,9 @@ func (t *Tokenizer) appendEncoded(text string, dst []uint32) []uint32 {
 	return dst
 }
 
-// appendWords pre-tokenizes normalized text and appends the BPE ids of every piece.
-func (t *Tokenizer) appendWords(s string, dst []uint32) []uint32 {
+// appendWords pre-tokenizes normalized text and appends the BPE ids of every piece; first
+// reports whether s starts at offset 0 of the encoded text (Metaspace prepend_scheme "first").
+func (t *Tokenizer) appendWords(s string, first bool, dst []uint32) []uint32 {
 	if scan := t.pre.fast; scan != nil {
 		for i := 0; i < len(s); {
 			j := scan(s, i)
@@ -356,8 +375,41 @@ func (t *Tokenizer) appendWords(s string, dst []uint32) []uint32 {
 		}
 		return dst
 	}
-	for _, p := range t.pre.run(s) {
+	if cs := t.model.chars; cs != nil {
+		if len(t.pre.steps) == 0 {
+			return t.appendCharWord(cs, s, dst)
+		}
+		for _, p := range t.pre.run(s, first) {
+			dst = t.appendCharWord(cs, p, dst)
+		}
+		return dst
+	}
+	for _, p := range t.pre.run(s, first) {
 		dst = t.appendPiece(p, dst)
+	}
+	return dst
+}
+
+// appendCharWord encodes one pre-tokenized word of a SentencePiece-style model, cut into
+// independently encodable pieces (charSymbols.safeCut) that go through the piece cache.
+func (t *Tokenizer) appendCharWord(cs *charSymbols, w string, dst []uint32) []uint32 {
+	for i := 0; i < len(w); {
+		j := cs.safeCut(t.model, w, i)
+		p := w[i:j]
+		i = j
+		if len(p) == 1 && p[0] < utf8.RuneSelf {
+			if id := cs.ascii[p[0]]; id >= 0 {
+				dst = append(dst, uint32(id))
+				continue
+			}
+		}
+		if ids, ok := t.cache.get(p); ok {
+			dst = append(dst, ids...)
+			continue
+		}
+		n := len(dst)
+		dst = t.model.encodeChars(p, dst)
+		t.cache.put(p, append([]uint32(nil), dst[n:]...))
 	}
 	return dst
 }
@@ -380,25 +432,42 @@ func (t *Tokenizer) appendPiece(p string, dst []uint32) []uint32 {
 	return dst
 }
 
-// Decode returns the text of ids as the ByteLevel decoder does with skip_special_tokens=false:
-// each token's spelling (added tokens by their content) is mapped back through the byte-level
-// table, or kept as is when it has a rune outside the table; invalid UTF-8 in the result is
-// replaced by U+FFFD. Unknown ids are skipped.
-func (t *Tokenizer) Decode(ids []uint32) string {
-	var buf []byte
+// Decode returns the text of ids as tokenizers' Tokenizer.decode does with
+// skip_special_tokens=false: every id's spelling (added tokens by their content, unknown ids
+// skipped) through tokenizer.json's decoder chain (ByteLevel, Metaspace, Replace, ByteFallback,
+// Fuse, Strip, Sequence; no decoder joins the spellings with spaces). Invalid UTF-8 in the
+// result is replaced by U+FFFD. skipSpecial drops special added tokens first
+// (skip_special_tokens=true). The error wraps ErrUnsupported when tokenizer.json names a decoder
+// this package does not implement.
+func (t *Tokenizer) Decode(ids []uint32, skipSpecial bool) (string, error) {
+	if t.decErr != nil {
+		return "", t.decErr
+	}
+	toks := make([]string, 0, len(ids))
 	for _, id := range ids {
 		if a, ok := t.addedByID[id]; ok {
-			buf = unByteLevel(buf, a.content)
+			if !(skipSpecial && a.special) {
+				toks = append(toks, a.content)
+			}
 			continue
 		}
 		if tok, ok := t.idToToken[id]; ok {
-			buf = unByteLevel(buf, tok)
+			toks = append(toks, tok)
 		}
 	}
-	if !utf8.Valid(buf) {
-		return strings.ToValidUTF8(string(buf), "\uFFFD")
+	var out string
+	if t.dec == nil {
+		out = strings.Join(toks, " ")
+	} else {
+		out = strings.Join(t.dec.decodeChain(toks), "")
 	}
-	return string(buf)
+	if !utf8.ValidString(out) {
+		out = strings.ToValidUTF8(out, "\uFFFD")
+	}
+	if t.cleanUpSpaces {
+		out = cleanUpTokenization(out)
+	}
+	return out, nil
 }
 
 // VocabSize returns the number of distinct token ids (model vocabulary plus added tokens not in
