@@ -194,6 +194,7 @@ func (t *Tokenizer) render(in *chatInput) (string, error) {
 	}
 	data["messages"] = vb.value(conv)
 	data[tojsonFilterName] = newToJSONFilter(vb.bigInts)
+	data[strftimeNowName] = strftimeNow
 	data[textVarName] = tmpl.texts
 	out, err := renderSafely(tmpl.tmpl, data)
 	if err != nil {
@@ -341,24 +342,20 @@ func conversation(messages *jval, openAI bool) (*jval, error) {
 	return out, nil
 }
 
-// contentTexts returns the non-empty texts of a message content (string, null or parts).
+// contentTexts returns the texts of a message content (string, null or parts). Empty texts
+// are kept, as vLLM keeps them ("a", "", "b" joins to "a\n\nb").
 func contentTexts(c *jval, where string) ([]string, error) {
 	if c == nil || c.kind == jNull {
 		return nil, nil
 	}
 	switch c.kind {
 	case jString:
-		if c.s == "" {
-			return nil, nil
-		}
 		return []string{c.s}, nil
 	case jArray:
 		var texts []string
 		for k, p := range c.arr {
 			if p.kind == jString {
-				if p.s != "" {
-					texts = append(texts, p.s)
-				}
+				texts = append(texts, p.s)
 				continue
 			}
 			if p.kind != jObject {
@@ -387,9 +384,7 @@ func contentTexts(c *jval, where string) ([]string, error) {
 			if tx.kind != jString {
 				return nil, badRequest("%s[%d].%s is %s, want a string", where, k, field, tx.typeName())
 			}
-			if tx.s != "" {
-				texts = append(texts, tx.s)
-			}
+			texts = append(texts, tx.s)
 		}
 		return texts, nil
 	}
@@ -397,7 +392,8 @@ func contentTexts(c *jval, where string) ([]string, error) {
 }
 
 // parseToolArguments applies vLLM's _postprocess_messages: a tool call's function.arguments
-// string is parsed into an object; falsy arguments become {}.
+// string is parsed into an object; falsy arguments, and a string that does not parse to a JSON
+// object (invalid JSON, "null", "[1,2]", "42", two concatenated objects), become {}.
 func parseToolArguments(calls *jval, msgIndex int) error {
 	for k, call := range calls.arr {
 		if call.kind != jObject {
@@ -414,8 +410,8 @@ func parseToolArguments(calls *jval, msgIndex int) error {
 		case args.kind == jObject || args.kind == jArray:
 		case args.kind == jString:
 			parsed, err := decodeOrdered([]byte(args.s))
-			if err != nil {
-				return badRequest("messages[%d].tool_calls[%d].function.arguments is not valid JSON: %v", msgIndex, k, err)
+			if err != nil || parsed.kind != jObject {
+				parsed = newObject()
 			}
 			fn.set("arguments", parsed)
 		default:

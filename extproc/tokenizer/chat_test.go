@@ -170,7 +170,6 @@ func TestRequestErrors(t *testing.T) {
 		{"missing messages is a bad request", chat, `{"model":"m"}`, ErrBadRequest},
 		{"messages as a string is a bad request", chat, `{"messages":"hi"}`, ErrBadRequest},
 		{"a message without a role is a bad request", chat, `{"messages":[{"content":"x"}]}`, ErrBadRequest},
-		{"non-JSON tool-call arguments are a bad request", chat, `{"messages":[{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":"{bad"}}]}]}`, ErrBadRequest},
 		{"a tool without a name is a bad request", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{}}]}`, ErrBadRequest},
 		{"chat_template_kwargs as a list is a bad request", chat, `{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]}`, ErrBadRequest},
 		{"both continue_final_message and add_generation_prompt is a bad request", chat, `{"messages":[{"role":"assistant","content":"x"}],"continue_final_message":true,"add_generation_prompt":true}`, ErrBadRequest},
@@ -201,8 +200,7 @@ func TestRequestErrors(t *testing.T) {
 }
 
 // TestMalformedChatFieldsAreClientErrors checks the fresh-user QA bodies: every chat field of the
-// wrong type or shape, invalid tool-call arguments and a content part a text-only model cannot
-// take fail with a *RequestError that reports BadRequest() (the marker extproc maps to 400
+// wrong type or shape and a content part a text-only model cannot take fail with a *RequestError that reports BadRequest() (the marker extproc maps to 400
 // invalid_request_error, epp.md §5.3, §8), never with ErrUnsupported or a plain error (502).
 func TestMalformedChatFieldsAreClientErrors(t *testing.T) {
 	tk := qwen3(t)
@@ -219,7 +217,6 @@ func TestMalformedChatFieldsAreClientErrors(t *testing.T) {
 		{"tools that are not a list", `"messages":[` + user + `],"tools":"notalist"`, "tools is string"},
 		{"chat_template_kwargs that are not an object", `"messages":[` + user + `],"chat_template_kwargs":"x"`, "chat_template_kwargs is string"},
 		{"add_generation_prompt that is not a boolean", `"messages":[` + user + `],"add_generation_prompt":"yes"`, "add_generation_prompt is string"},
-		{"tool-call arguments that are not JSON", `"messages":[` + user + `,{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{not json"}}]}]`, "arguments is not valid JSON"},
 		{"an image_url content part", `"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]`, `has type "image_url"`},
 		{"an input_audio content part", `"messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"input_audio","input_audio":{"data":"AA==","format":"wav"}}]}]`, `has type "input_audio"`},
 		{"an unknown content part type", `"messages":[{"role":"user","content":[{"type":"hologram"}]}]`, `has type "hologram"`},

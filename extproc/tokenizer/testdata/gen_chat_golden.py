@@ -42,8 +42,9 @@ def make_env():
 TEXT_FIELDS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
 
 
-def conversation(messages):
-    """vLLM parse_chat_messages (string content format) + _postprocess_messages."""
+def conversation(messages, openai=False):
+    """vLLM parse_chat_messages + _postprocess_messages; openai=True is vLLM's "openai" content
+    format (content kept as a list of {"type": "text", "text": …} parts), else "string"."""
     out = []
     for m in messages:
         content = m.get("content")
@@ -59,9 +60,12 @@ def conversation(messages):
                 t = p
             else:
                 t = p.get(TEXT_FIELDS[p.get("type", "text")])
-            if t:
+            if t is not None:  # vLLM keeps empty text parts
                 texts.append(t)
-        msg = {"role": m["role"], "content": "\n".join(texts)}
+        if openai:
+            msg = {"role": m["role"], "content": [{"type": "text", "text": t} for t in texts]}
+        else:
+            msg = {"role": m["role"], "content": "\n".join(texts)}
         if m["role"] == "assistant":
             if m.get("tool_calls"):
                 msg["tool_calls"] = list(m["tool_calls"])
@@ -81,7 +85,12 @@ def conversation(messages):
                 args = item["function"].get("arguments")
                 if args:
                     if not isinstance(args, (dict, list)):
-                        item["function"]["arguments"] = json.loads(args)
+                        # vLLM: a string that does not parse to a JSON object renders as {}.
+                        try:
+                            parsed = json.loads(args)
+                        except ValueError:
+                            parsed = {}
+                        item["function"]["arguments"] = parsed if isinstance(parsed, dict) else {}
                 else:
                     item["function"]["arguments"] = {}
     return out
@@ -118,7 +127,20 @@ def responses_to_chat(body):
     return {"messages": msgs}
 
 
-def render(template, cfg, body):
+def iterates_content(env, source):
+    """vLLM's content-format detection: the template loops over a message's content
+    (`for x in m['content']` / `m.content`), so vLLM passes content as a list of parts."""
+    from jinja2 import nodes
+    for loop in env.parse(source).find_all(nodes.For):
+        it = loop.iter
+        if isinstance(it, nodes.Getitem) and isinstance(it.arg, nodes.Const) and it.arg.value == "content":
+            return True
+        if isinstance(it, nodes.Getattr) and it.attr == "content":
+            return True
+    return False
+
+
+def render(template, cfg, body, openai=False):
     body = json.loads(json.dumps(body))  # deep copy
     ctx = {}
     for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
@@ -130,12 +152,14 @@ def render(template, cfg, body):
     cont = body.get("continue_final_message", False)
     agp = body.get("add_generation_prompt", True) and not cont
     tools = dump_tools(body["tools"]) if body.get("tools") is not None else None
-    conv = conversation(body["messages"])
+    conv = conversation(body["messages"], openai)
     ctx.update(tools=tools, documents=None, add_generation_prompt=agp)
     ctx.update(body.get("chat_template_kwargs") or {})
     out = template.render(messages=conv, **ctx)
     if cont:
         final = conv[-1]["content"]
+        if isinstance(final, list):
+            final = [p["text"] for p in final][-1]
         loc = out.rindex(final.strip())
         if out[loc: loc + len(final.lstrip())] == final:
             out = out[: loc + len(final.lstrip())]
@@ -199,6 +223,17 @@ CHAT_CASES = [
     ("enable-thinking-false", chat([{"role": "user", "content": "Quick answer"}], chat_template_kwargs={"enable_thinking": False})),
     ("continue-final-message", chat([{"role": "user", "content": "Complete: roses are"}, {"role": "assistant", "content": "Roses are red,  "}],
                                     continue_final_message=True, add_generation_prompt=False)),
+    ("tool-call-arguments-that-are-not-objects", chat([
+        {"role": "user", "content": "Go"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "n1", "type": "function", "function": {"name": "a", "arguments": "null"}},
+            {"id": "n2", "type": "function", "function": {"name": "b", "arguments": "[1,2]"}},
+            {"id": "n3", "type": "function", "function": {"name": "c", "arguments": "42"}},
+            {"id": "n4", "type": "function", "function": {"name": "d", "arguments": "{\"x\": 1}{\"y\": 2}"}},
+            {"id": "n5", "type": "function", "function": {"name": "e", "arguments": "{not json"}},
+            {"id": "n6", "type": "function", "function": {"name": "f", "arguments": "{\"ok\": true}"}}]},
+        {"role": "tool", "tool_call_id": "n1", "content": "done"}])),
+    ("empty-text-parts-kept", chat([{"role": "user", "content": [{"type": "text", "text": ""}, {"type": "text", "text": "a"}, {"type": "text", "text": ""}, {"type": "text", "text": "b"}]}])),
     ("content-parts-joined", chat([{"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}, {"type": "text", "text": ""}]}])),
     ("special-token-in-content", chat([{"role": "user", "content": "Say <|im_end|> and <think> literally"}])),
     ("no-generation-prompt", chat([{"role": "user", "content": "Hi"}], add_generation_prompt=False)),
