@@ -80,15 +80,19 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 	default:
 		return nil, fmt.Errorf("invalid %s %q: not supported", cfg.name("DYN_EPP_TOKENIZER_PROTOCOL"), cfg.EffectiveTokenizerProtocol())
 	}
-	load := func(setting, dir string) (*tokenizer.Tokenizer, error) {
-		t, err := loadedTokenizers.load(dir, log)
+	load := func(setting, dir, model string) (*tokenizer.Tokenizer, error) {
+		resolved, err := tokenizer.ResolveDir(dir, model)
+		if err != nil {
+			return nil, fmt.Errorf("invalid %s %q: %w", setting, dir, err)
+		}
+		t, err := loadedTokenizers.load(resolved, log)
 		if err != nil {
 			return nil, fmt.Errorf("invalid %s %q: %w", setting, dir, err)
 		}
 		return t, nil
 	}
 	if cfg.TokenizerDir != "" {
-		t, err := load(cfg.name("DYN_EPP_TOKENIZER_DIR"), cfg.TokenizerDir)
+		t, err := load(cfg.name("DYN_EPP_TOKENIZER_DIR"), cfg.TokenizerDir, cfg.ModelName)
 		if err != nil {
 			return nil, err
 		}
@@ -100,7 +104,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 	}
 	sort.Strings(models)
 	for _, m := range models {
-		t, err := load(cfg.name("DYN_EPP_TOKENIZERS")+"["+strconv.Quote(m)+"]", cfg.Tokenizers[m])
+		t, err := load(cfg.name("DYN_EPP_TOKENIZERS")+"["+strconv.Quote(m)+"]", cfg.Tokenizers[m], m)
 		if err != nil {
 			return nil, err
 		}

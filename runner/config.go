@@ -15,6 +15,8 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"github.com/rs/zerolog"
+
+	"github.com/kvepp/kvepp/extproc/tokenizer"
 )
 
 // Tokenizer protocols accepted by DYN_EPP_TOKENIZER_PROTOCOL (epp.md §5.4).
@@ -75,8 +77,11 @@ type Config struct {
 	// TokenizerProtocol is local, vllm-render or none; empty = derived (local when a tokenizer dir
 	// is set, vllm-render when a service URL is set, else none).
 	TokenizerProtocol string `env:"DYN_EPP_TOKENIZER_PROTOCOL" flag:"tokenizer-protocol" help:"local | vllm-render | none (default derived)"`
-	// TokenizerDir is the default local tokenizer directory (tokenizer.json + tokenizer_config.json).
-	TokenizerDir string `env:"DYN_EPP_TOKENIZER_DIR" flag:"tokenizer-dir" help:"directory with tokenizer.json and tokenizer_config.json"`
+	// TokenizerDir is the default local tokenizer directory (tokenizer.json + tokenizer_config.json),
+	// or a Hugging Face cache (HF_HOME, its hub/ folder, a models--org--name folder) in which
+	// DYN_MODEL_NAME is resolved, or a model id resolved in $HF_HUB_CACHE / $HF_HOME/hub
+	// (tokenizer.ResolveDir; nothing is downloaded).
+	TokenizerDir string `env:"DYN_EPP_TOKENIZER_DIR" flag:"tokenizer-dir" help:"directory with tokenizer.json and tokenizer_config.json, a Hugging Face cache, or a model id in it"`
 	// Tokenizers maps model name → tokenizer directory ("model=dir,model2=dir2").
 	Tokenizers ModelDirs `env:"DYN_EPP_TOKENIZERS" flag:"tokenizers" help:"per-model tokenizer directories: model=dir,…"`
 	// TokenizerServiceURL is the vLLM render API base URL (vllm-render mode).
@@ -801,20 +806,14 @@ func (c *Config) validateTokenizer() error {
 		if c.TokenizerDir == "" && len(c.Tokenizers) == 0 {
 			return c.invalid("DYN_EPP_TOKENIZER_DIR", c.TokenizerDir, "is required when DYN_EPP_TOKENIZER_PROTOCOL=local (or set DYN_EPP_TOKENIZERS)")
 		}
-		dirs := map[string]string{c.name("DYN_EPP_TOKENIZER_DIR"): c.TokenizerDir}
-		for model, dir := range c.Tokenizers {
-			dirs[c.name("DYN_EPP_TOKENIZERS")+"["+model+"]"] = dir
+		if c.TokenizerDir != "" {
+			if _, err := tokenizer.ResolveDir(c.TokenizerDir, c.ModelName); err != nil {
+				return fmt.Errorf("invalid %s %q: %w", c.name("DYN_EPP_TOKENIZER_DIR"), c.TokenizerDir, err)
+			}
 		}
-		for key, dir := range dirs {
-			if dir == "" {
-				continue
-			}
-			st, err := os.Stat(dir)
-			if err != nil {
-				return fmt.Errorf("invalid %s %q: %w", key, dir, err)
-			}
-			if !st.IsDir() {
-				return fmt.Errorf("invalid %s %q: not a directory", key, dir)
+		for model, dir := range c.Tokenizers {
+			if _, err := tokenizer.ResolveDir(dir, model); err != nil {
+				return fmt.Errorf("invalid %s %q: %w", c.name("DYN_EPP_TOKENIZERS")+"["+model+"]", dir, err)
 			}
 		}
 	case TokenizerProtocolVLLMRender:
