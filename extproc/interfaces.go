@@ -58,6 +58,37 @@ type RequestTokenizer interface {
 	TokenizeResponses(body []byte) ([]uint32, error)
 }
 
+// PromptTokenizer is optionally implemented by a RequestTokenizer that needs the stream's context
+// and request id (vllm-render calls the model server) or reports multimodal items (images): the
+// server then calls TokenizePrompt instead of the per-kind methods. Errors as RequestTokenizer's.
+type PromptTokenizer interface {
+	TokenizePrompt(ctx context.Context, call TokenizeCall) (TokenizedPrompt, error)
+}
+
+// PromptKind is the kind of request being tokenized (epp.md §5.3).
+type PromptKind uint8
+
+// Prompt kinds.
+const (
+	PromptChat PromptKind = iota
+	PromptCompletion
+	PromptResponses
+)
+
+// TokenizeCall is one tokenization: the request body as it will be forwarded and its x-request-id.
+type TokenizeCall struct {
+	Kind      PromptKind
+	Body      []byte
+	RequestID string
+}
+
+// TokenizedPrompt is the engine's view of a prompt: its token ids and the token ranges of
+// multimodal items, which salt the blocks they overlap (picker.MMItem).
+type TokenizedPrompt struct {
+	TokenIDs []uint32
+	MMItems  []picker.MMItem
+}
+
 // Tokenizer error sentinels (epp.md §5.4, §8). Tokenizer implementations wrap them with %w.
 var (
 	// ErrTokenizerBadRequest marks a request the tokenizer rejected (vllm-render 4xx, an

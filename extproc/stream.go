@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -416,7 +417,7 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 	if err != nil {
 		return decision{}, err
 	}
-	tokens, err := st.tokenize(kind, partition, d.body, src)
+	tokens, mmItems, err := st.tokenize(kind, partition, d.body, src)
 	if err != nil {
 		return decision{}, err
 	}
@@ -426,6 +427,7 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 		SelectionID:  uuid.NewString(),
 		Prompt: picker.Prompt{
 			TokenIDs:  tokens,
+			MMItems:   mmItems,
 			LoraName:  lora,
 			CacheSalt: namespace,
 		},
@@ -583,48 +585,65 @@ func (st *stream) strictPriority(h agentHints) uint32 {
 	return 0
 }
 
-// tokenize returns the prompt's token ids (epp.md §5.4). Token prompts are used directly.
-func (st *stream) tokenize(kind requestKind, model string, body []byte, src promptSource) (tokens []uint32, err error) {
+// tokenize returns the prompt's token ids and multimodal items (epp.md §5.4). Token prompts are
+// used directly.
+func (st *stream) tokenize(kind requestKind, model string, body []byte, src promptSource) (tokens []uint32, mm []picker.MMItem, err error) {
 	if src.tokens != nil {
 		if len(src.tokens) == 0 {
-			return nil, errEmptyTokens
+			return nil, nil, errEmptyTokens
 		}
-		return src.tokens, nil
+		return src.tokens, nil, nil
 	}
 	t, err := st.s.cfg.Tokenizers.ForModel(model)
 	if err != nil {
 		if picker.KindOf(err) != picker.KindInternal {
-			return nil, err
+			return nil, nil, err
 		}
-		return nil, &picker.Error{Kind: picker.KindInternal, Message: fmt.Sprintf("no tokenizer for model %q: %v", model, err), Err: err}
+		return nil, nil, &picker.Error{Kind: picker.KindInternal, Message: fmt.Sprintf("no tokenizer for model %q: %v", model, err), Err: err}
 	}
 	start := time.Now()
 	defer func() {
 		if r := recover(); r != nil {
-			tokens, err = nil, picker.Errorf(picker.KindInternal, "tokenizer panicked: %v", r)
+			tokens, mm, err = nil, nil, picker.Errorf(picker.KindInternal, "tokenizer panicked: %v", r)
 		}
 		st.s.metrics.tokenizeDuration.Observe(time.Since(start).Seconds())
 	}()
-	switch kind {
-	case kindChat:
-		tokens, err = t.TokenizeChat(body)
-	case kindCompletion:
-		tokens, err = t.TokenizeCompletion(body)
-	default:
-		tokens, err = t.TokenizeResponses(body)
+	if pt, ok := t.(PromptTokenizer); ok {
+		pk := PromptResponses
+		switch kind {
+		case kindChat:
+			pk = PromptChat
+		case kindCompletion:
+			pk = PromptCompletion
+		}
+		var p TokenizedPrompt
+		p, err = pt.TokenizePrompt(st.ctx, TokenizeCall{Kind: pk, Body: body, RequestID: st.requestID()})
+		tokens, mm = p.TokenIDs, p.MMItems
+	} else {
+		switch kind {
+		case kindChat:
+			tokens, err = t.TokenizeChat(body)
+		case kindCompletion:
+			tokens, err = t.TokenizeCompletion(body)
+		default:
+			tokens, err = t.TokenizeResponses(body)
+		}
 	}
 	if err != nil {
+		if st.ctx.Err() != nil && errors.Is(err, st.ctx.Err()) {
+			return nil, nil, err // the stream ended while the tokenizer was called
+		}
 		k := ClassifyTokenizerError(err)
 		msg := err.Error()
 		if k != picker.KindBadRequest {
 			msg = "tokenizer: " + msg
 		}
-		return nil, &picker.Error{Kind: k, Message: msg, Err: err}
+		return nil, nil, &picker.Error{Kind: k, Message: msg, Err: err}
 	}
 	if len(tokens) == 0 {
-		return nil, errEmptyTokens
+		return nil, nil, errEmptyTokens
 	}
-	return tokens, nil
+	return tokens, mm, nil
 }
 
 // own records the live booking id.

@@ -64,11 +64,15 @@ func normalizePrompt(pr *Prompt, bs uint32, eagle bool, assumeReuse bool) (normP
 		eagle = *pr.IsEagle
 	}
 	seed := kvindex.Seed(pr.LoraName, pr.CacheSalt)
+	mm := pr.BlockMMHashes
+	if mm == nil && len(pr.MMItems) > 0 {
+		mm = blockMMHashes(pr.MMItems, len(pr.TokenIDs), bs)
+	}
 	var local []uint64
 	if eagle {
-		local = kvindex.EagleBlockHashes(pr.TokenIDs, int(bs), seed, pr.BlockMMHashes)
+		local = kvindex.EagleBlockHashes(pr.TokenIDs, int(bs), seed, mm)
 	} else {
-		local = kvindex.AppendBlockHashes(nil, pr.TokenIDs, int(bs), seed, pr.BlockMMHashes)
+		local = kvindex.AppendBlockHashes(nil, pr.TokenIDs, int(bs), seed, mm)
 	}
 	np := normPrompt{local: local, recordable: true, isl: uint64(len(pr.TokenIDs))}
 	if assumeReuse {

@@ -169,6 +169,10 @@ type Prompt struct {
 	TokenIDs []uint32
 	// BlockMMHashes, when non-nil, gives block i's multimodal hashes (token form only).
 	BlockMMHashes [][]uint64
+	// MMItems are multimodal items as token ranges (token form, used when BlockMMHashes is
+	// nil): every block overlapping an item's [Start, End) hashes with its Hash
+	// (kv-events-index.md §1.3), so the partition's block size decides which blocks they are.
+	MMItems []MMItem
 	// LoraName and CacheSalt salt the block hashes of the token form (kv-events-index.md §1.2).
 	LoraName string
 	// CacheSalt is the cache namespace (token form).
@@ -188,6 +192,35 @@ type Prompt struct {
 	// "isl_tokens must be greater than 0" rather than as missing (§6.3). A non-zero ISLTokens
 	// counts as supplied either way.
 	ISLTokensSet bool
+}
+
+// MMItem is one multimodal item of a token-form prompt: the token range [Start, End) it occupies
+// and its u64 mm hash (kvindex.HashMMIdentifier of the engine's identifier, or a request-unique
+// value for content kvepp cannot hash as the engine does, which makes those blocks uncached).
+type MMItem struct {
+	Start, End int
+	Hash       uint64
+}
+
+// blockMMHashes spreads items over the blocks of a prompt of n tokens at block size bs: block i
+// gets the hash of every item overlapping [i*bs, (i+1)*bs), in item order. Only full blocks are
+// hashed, so items past the last full block are ignored. nil when no item overlaps a block.
+func blockMMHashes(items []MMItem, n int, bs uint32) [][]uint64 {
+	blocks := n / int(bs)
+	var out [][]uint64
+	for _, it := range items {
+		if it.End <= it.Start {
+			continue
+		}
+		first, last := it.Start/int(bs), (it.End-1)/int(bs)
+		for b := max(first, 0); b <= last && b < blocks; b++ {
+			if out == nil {
+				out = make([][]uint64, blocks)
+			}
+			out[b] = append(out[b], it.Hash)
+		}
+	}
+	return out
 }
 
 // RouterConfigOverride is the per-request router_config_override (selection-service.md §9.5). Nil

@@ -76,6 +76,11 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		log.Warn().Msg("DYN_EPP_TOKENIZER_PROTOCOL=none: prompts are hashed from their raw bytes (approximate mode only); cache hits are learned from kvepp's own routing")
 		set.def = byteTokenizer{}
 		return set, nil
+	case TokenizerProtocolVLLMRender:
+		if err := loadRenderTokenizers(cfg, set); err != nil {
+			return nil, err
+		}
+		return set, nil
 	case TokenizerProtocolLocal:
 	default:
 		return nil, fmt.Errorf("invalid %s %q: not supported", cfg.name("DYN_EPP_TOKENIZER_PROTOCOL"), cfg.EffectiveTokenizerProtocol())

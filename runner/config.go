@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/url"
 	"os"
 	"reflect"
 	"sort"
@@ -88,6 +89,16 @@ type Config struct {
 	TokenizerServiceURL string `env:"DYN_EPP_TOKENIZER_SERVICE_URL" flag:"tokenizer-service-url" help:"vLLM render API base URL"`
 	// TokenizationTimeout bounds one tokenizer call (DYN_EPP_TOKENIZATION_TIMEOUT_MS, milliseconds).
 	TokenizationTimeout Millis `env:"DYN_EPP_TOKENIZATION_TIMEOUT_MS" envDefault:"5000" help:"per tokenizer call, milliseconds"`
+	// TokenizerServiceURLs maps model name → render base URL ("model=url,…") when several models
+	// are served by different render servers (vllm-render mode); other models use
+	// TokenizerServiceURL.
+	TokenizerServiceURLs ModelDirs `env:"DYN_EPP_TOKENIZER_SERVICE_URLS" flag:"tokenizer-service-urls" help:"per-model vLLM render base URLs: model=url,…"`
+	// TokenizerMaxResponseBytes bounds a render response (DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES,
+	// bytes); larger → 502.
+	TokenizerMaxResponseBytes int64 `env:"DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES" envDefault:"16777216" help:"largest accepted render response, bytes"`
+	// ImageTokens is the number of tokens each image of a chat request is booked as (local mode;
+	// the blocks from the first image on are uncached, epp.md §5.4 as extended by kvepp).
+	ImageTokens int `env:"DYN_EPP_IMAGE_TOKENS" envDefault:"256" help:"tokens booked per image part in local mode"`
 
 	// --- ext_proc limits and serving (epp.md §2, §5, §9) ---
 
@@ -616,7 +627,7 @@ func (c *Config) invalid(key string, v any, format string, args ...any) error {
 
 // Validate checks every setting and returns the first problem as an error naming the variable
 // (epp.md §2: invalid or missing required values stop startup; no silent fallbacks). Cross-setting
-// rules: vllm-render needs DYN_EPP_TOKENIZER_SERVICE_URL (and is not supported by this build),
+// rules: vllm-render needs DYN_EPP_TOKENIZER_SERVICE_URL (or DYN_EPP_TOKENIZER_SERVICE_URLS),
 // local needs a tokenizer directory, none needs DYN_ROUTER_USE_KV_EVENTS=false; at most one of
 // DYN_EPP_WORKERS_FILE and DYN_EPP_INFERENCE_POOL_NAME.
 func (c *Config) Validate() error {
@@ -817,10 +828,22 @@ func (c *Config) validateTokenizer() error {
 			}
 		}
 	case TokenizerProtocolVLLMRender:
-		if c.TokenizerServiceURL == "" {
-			return c.invalid("DYN_EPP_TOKENIZER_SERVICE_URL", "", "is required when DYN_EPP_TOKENIZER_PROTOCOL=vllm-render")
+		if c.TokenizerServiceURL == "" && len(c.TokenizerServiceURLs) == 0 {
+			return c.invalid("DYN_EPP_TOKENIZER_SERVICE_URL", "", "is required when DYN_EPP_TOKENIZER_PROTOCOL=vllm-render (or set DYN_EPP_TOKENIZER_SERVICE_URLS)")
 		}
-		return fmt.Errorf("invalid %s %q: vllm-render is not supported yet; use local with DYN_EPP_TOKENIZER_DIR", c.name("DYN_EPP_TOKENIZER_PROTOCOL"), TokenizerProtocolVLLMRender)
+		if c.TokenizerMaxResponseBytes <= 0 {
+			return c.invalid("DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES", c.TokenizerMaxResponseBytes, "must be > 0")
+		}
+		if c.TokenizerServiceURL != "" {
+			if err := checkRenderURL(c.TokenizerServiceURL); err != nil {
+				return c.invalid("DYN_EPP_TOKENIZER_SERVICE_URL", c.TokenizerServiceURL, "%v", err)
+			}
+		}
+		for model, u := range c.TokenizerServiceURLs {
+			if err := checkRenderURL(u); err != nil {
+				return fmt.Errorf("invalid %s[%s] %q: %v", c.name("DYN_EPP_TOKENIZER_SERVICE_URLS"), model, u, err)
+			}
+		}
 	case TokenizerProtocolNone:
 		if c.UseKVEvents {
 			return fmt.Errorf("invalid %s %q: none is only allowed with DYN_ROUTER_USE_KV_EVENTS=false (set DYN_EPP_TOKENIZER_DIR for local tokenization)", c.name("DYN_EPP_TOKENIZER_PROTOCOL"), TokenizerProtocolNone)
@@ -830,6 +853,18 @@ func (c *Config) validateTokenizer() error {
 	}
 	if c.TokenizationTimeout <= 0 {
 		return c.invalid("DYN_EPP_TOKENIZATION_TIMEOUT_MS", c.TokenizationTimeout.Duration().Milliseconds(), "must be > 0")
+	}
+	if c.ImageTokens < 0 {
+		return c.invalid("DYN_EPP_IMAGE_TOKENS", c.ImageTokens, "must be >= 0")
+	}
+	return nil
+}
+
+// checkRenderURL accepts an absolute http(s) URL with a host.
+func checkRenderURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("must be an absolute http(s) URL such as http://vllm:8000")
 	}
 	return nil
 }
@@ -843,7 +878,7 @@ func (c *Config) EffectiveTokenizerProtocol() string {
 	switch {
 	case c.TokenizerDir != "" || len(c.Tokenizers) > 0:
 		return TokenizerProtocolLocal
-	case c.TokenizerServiceURL != "":
+	case c.TokenizerServiceURL != "" || len(c.TokenizerServiceURLs) > 0:
 		return TokenizerProtocolVLLMRender
 	}
 	return TokenizerProtocolNone

@@ -1,0 +1,100 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/kvepp/kvepp/extproc"
+	"github.com/kvepp/kvepp/extproc/tokenizer/vllmrender"
+	"github.com/kvepp/kvepp/picker"
+)
+
+// renderTokenizer adapts a vllmrender.Client to the ext_proc tokenizer interfaces
+// (DYN_EPP_TOKENIZER_PROTOCOL=vllm-render, epp.md §5.4): the server calls TokenizePrompt with the
+// stream's context and x-request-id; the per-kind methods exist for callers without a stream.
+type renderTokenizer struct{ c *vllmrender.Client }
+
+var (
+	_ extproc.RequestTokenizer = renderTokenizer{}
+	_ extproc.PromptTokenizer  = renderTokenizer{}
+)
+
+var renderKinds = map[extproc.PromptKind]vllmrender.Kind{
+	extproc.PromptChat: vllmrender.Chat, extproc.PromptCompletion: vllmrender.Completion, extproc.PromptResponses: vllmrender.Responses,
+}
+
+// TokenizePrompt implements extproc.PromptTokenizer: one render call; multimodal placeholders
+// become picker.MMItems.
+func (r renderTokenizer) TokenizePrompt(ctx context.Context, call extproc.TokenizeCall) (extproc.TokenizedPrompt, error) {
+	kind, ok := renderKinds[call.Kind]
+	if !ok {
+		return extproc.TokenizedPrompt{}, fmt.Errorf("unknown prompt kind %d", call.Kind)
+	}
+	res, err := r.c.Render(ctx, kind, call.Body, call.RequestID)
+	if err != nil {
+		return extproc.TokenizedPrompt{}, err
+	}
+	p := extproc.TokenizedPrompt{TokenIDs: res.TokenIDs}
+	for _, m := range res.MM {
+		p.MMItems = append(p.MMItems, picker.MMItem{Start: m.Offset, End: m.Offset + m.Length, Hash: m.Hash})
+	}
+	return p, nil
+}
+
+func (r renderTokenizer) tokenize(kind extproc.PromptKind, body []byte) ([]uint32, error) {
+	p, err := r.TokenizePrompt(context.Background(), extproc.TokenizeCall{Kind: kind, Body: body})
+	return p.TokenIDs, err
+}
+
+// TokenizeChat implements extproc.RequestTokenizer.
+func (r renderTokenizer) TokenizeChat(body []byte) ([]uint32, error) {
+	return r.tokenize(extproc.PromptChat, body)
+}
+
+// TokenizeCompletion implements extproc.RequestTokenizer.
+func (r renderTokenizer) TokenizeCompletion(body []byte) ([]uint32, error) {
+	return r.tokenize(extproc.PromptCompletion, body)
+}
+
+// TokenizeResponses implements extproc.RequestTokenizer.
+func (r renderTokenizer) TokenizeResponses(body []byte) ([]uint32, error) {
+	return r.tokenize(extproc.PromptResponses, body)
+}
+
+// loadRenderTokenizers builds one render client per distinct URL: DYN_EPP_TOKENIZER_SERVICE_URL
+// for every model, DYN_EPP_TOKENIZER_SERVICE_URLS for the models it names.
+func loadRenderTokenizers(cfg Config, set *tokenizerSet) error {
+	clients := map[string]renderTokenizer{}
+	client := func(setting, u string) (renderTokenizer, error) {
+		if c, ok := clients[u]; ok {
+			return c, nil
+		}
+		c, err := vllmrender.New(vllmrender.Config{BaseURL: u, Timeout: cfg.TokenizationTimeout.Duration(), MaxResponseBytes: cfg.TokenizerMaxResponseBytes})
+		if err != nil {
+			return renderTokenizer{}, fmt.Errorf("invalid %s %q: %w", setting, u, err)
+		}
+		clients[u] = renderTokenizer{c}
+		return clients[u], nil
+	}
+	if cfg.TokenizerServiceURL != "" {
+		c, err := client(cfg.name("DYN_EPP_TOKENIZER_SERVICE_URL"), cfg.TokenizerServiceURL)
+		if err != nil {
+			return err
+		}
+		set.def = c
+	}
+	models := make([]string, 0, len(cfg.TokenizerServiceURLs))
+	for m := range cfg.TokenizerServiceURLs {
+		models = append(models, m)
+	}
+	sort.Strings(models)
+	for _, m := range models {
+		c, err := client(cfg.name("DYN_EPP_TOKENIZER_SERVICE_URLS")+"["+m+"]", cfg.TokenizerServiceURLs[m])
+		if err != nil {
+			return err
+		}
+		set.byModel[m] = c
+	}
+	return nil
+}
