@@ -50,7 +50,7 @@ func TestMalformedChatFieldsWithTheLocalTokenizerAre400(t *testing.T) {
 		{"tools that are not a list", `"messages":[` + user + `],"tools":"notalist"`, "tools"},
 		{"chat_template_kwargs that are not an object", `"messages":[` + user + `],"chat_template_kwargs":"x"`, "chat_template_kwargs"},
 		{"add_generation_prompt that is not a boolean", `"messages":[` + user + `],"add_generation_prompt":"yes"`, "add_generation_prompt"},
-		{"tool-call arguments that are not JSON", `"messages":[` + user + `,{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{not json"}}]}]`, "arguments"},
+		{"an input_audio content part", `"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA==","format":"wav"}}]}]`, "input_audio"},
 		{"an image_url content part", `"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]`, "image_url"},
 	}
 	newLocalHarness := func(t *testing.T) *harness {

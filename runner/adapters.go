@@ -101,7 +101,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		set.def = t
+		set.def = localTokenizer{t, cfg.ImageTokens}
 	}
 	models := make([]string, 0, len(cfg.Tokenizers))
 	for m := range cfg.Tokenizers {
@@ -113,7 +113,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		set.byModel[m] = t
+		set.byModel[m] = localTokenizer{t, cfg.ImageTokens}
 	}
 	return set, nil
 }

@@ -3,9 +3,11 @@ package runner
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sort"
 
 	"github.com/kvepp/kvepp/extproc"
+	"github.com/kvepp/kvepp/extproc/tokenizer"
 	"github.com/kvepp/kvepp/extproc/tokenizer/vllmrender"
 	"github.com/kvepp/kvepp/picker"
 )
@@ -97,4 +99,40 @@ func loadRenderTokenizers(cfg Config, set *tokenizerSet) error {
 		set.byModel[m] = c
 	}
 	return nil
+}
+
+// localTokenizer is the in-process tokenizer of DYN_EPP_TOKENIZER_PROTOCOL=local as the ext_proc
+// server uses it: chats with images are routed by the exact text before the first image and the
+// rest is booked as uncached (a request-unique mm hash on every block from there on, so those
+// blocks never match and are never shared); everything else is tokenizer.Tokenizer's.
+type localTokenizer struct {
+	*tokenizer.Tokenizer
+	imageTokens int // DYN_EPP_IMAGE_TOKENS
+}
+
+var (
+	_ extproc.RequestTokenizer = localTokenizer{}
+	_ extproc.PromptTokenizer  = localTokenizer{}
+)
+
+// TokenizePrompt implements extproc.PromptTokenizer.
+func (l localTokenizer) TokenizePrompt(_ context.Context, call extproc.TokenizeCall) (extproc.TokenizedPrompt, error) {
+	switch call.Kind {
+	case extproc.PromptChat:
+		p, err := l.TokenizeChatPrompt(call.Body, l.imageTokens)
+		if err != nil {
+			return extproc.TokenizedPrompt{}, err
+		}
+		out := extproc.TokenizedPrompt{TokenIDs: p.TokenIDs}
+		if p.UncachedFrom < len(p.TokenIDs) {
+			out.MMItems = []picker.MMItem{{Start: p.UncachedFrom, End: len(p.TokenIDs), Hash: rand.Uint64()}}
+		}
+		return out, nil
+	case extproc.PromptCompletion:
+		ids, err := l.TokenizeCompletion(call.Body)
+		return extproc.TokenizedPrompt{TokenIDs: ids}, err
+	default:
+		ids, err := l.TokenizeResponses(call.Body)
+		return extproc.TokenizedPrompt{TokenIDs: ids}, err
+	}
 }

@@ -330,13 +330,16 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	if err != nil {
 		return nil, err
 	}
+	// POST /tokenize and /detokenize (vLLM's shape) sit in front of the selection API; they answer
+	// 503 until the tokenizers are loaded.
+	tokAPI := newTokenizeAPI(httpapi.New(inst.Service, httpapi.Options{
+		Logger: log.With().Str("component", "httpapi").Logger(),
+		// During the SIGTERM drain the side port answers as shut down (selection-service.md
+		// §2) while ext_proc keeps routing through the core (epp.md §9).
+		Draining: inst.Health.Draining,
+	}), cfg)
 	inst.httpSrv = &http.Server{
-		Handler: httpapi.New(inst.Service, httpapi.Options{
-			Logger: log.With().Str("component", "httpapi").Logger(),
-			// During the SIGTERM drain the side port answers as shut down (selection-service.md
-			// §2) while ext_proc keeps routing through the core (epp.md §9).
-			Draining: inst.Health.Draining,
-		}),
+		Handler:           tokAPI,
 		ReadHeaderTimeout: timeouts.ReadHeader,
 		ReadTimeout:       timeouts.Read,
 		IdleTimeout:       timeouts.Idle,
@@ -388,6 +391,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	if toks.err != nil {
 		return nil, toks.err
 	}
+	tokAPI.set.Store(toks.set)
 	inst.ExtProc, err = extproc.NewServer(extproc.Config{
 		Picker:              inst.Service,
 		Tokenizers:          toks.set,

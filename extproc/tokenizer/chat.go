@@ -149,6 +149,7 @@ type chatInput struct {
 	addGenerationPrompt bool
 	continueFinal       bool
 	kwargs              *jval // object or nil (chat_template_kwargs)
+	images              imageMode
 }
 
 // render renders the chat template over in as vLLM + transformers do (tokenizer.md "What the
@@ -162,7 +163,7 @@ func (t *Tokenizer) render(in *chatInput) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	conv, err := conversation(in.messages, tmpl.openAIContent)
+	conv, err := conversation(in.messages, tmpl.openAIContent, in.images)
 	if err != nil {
 		return "", err
 	}
@@ -280,7 +281,7 @@ var textPartTypes = map[string]string{
 // (parts' texts joined by "\n" in string format; [{"type":"text","text":…}] in openai
 // format), then for assistants tool_calls (arguments parsed into objects; empty lists dropped)
 // and reasoning/reasoning_content, for tools tool_call_id, and name when it is a string.
-func conversation(messages *jval, openAI bool) (*jval, error) {
+func conversation(messages *jval, openAI bool, images imageMode) (*jval, error) {
 	out := &jval{kind: jArray, arr: make([]*jval, 0, len(messages.arr))}
 	for i, m := range messages.arr {
 		if m.kind != jObject {
@@ -290,7 +291,7 @@ func conversation(messages *jval, openAI bool) (*jval, error) {
 		if role == nil || role.kind != jString {
 			return nil, badRequest("messages[%d].role is %s, want a string", i, role.typeName())
 		}
-		texts, err := contentTexts(m.get("content"), fmt.Sprintf("messages[%d].content", i))
+		cparts, err := contentParts(m.get("content"), fmt.Sprintf("messages[%d].content", i), images)
 		if err != nil {
 			return nil, err
 		}
@@ -298,15 +299,37 @@ func conversation(messages *jval, openAI bool) (*jval, error) {
 		msg.set("role", role)
 		if openAI {
 			parts := &jval{kind: jArray}
-			for _, tx := range texts {
+			for _, cp := range cparts {
 				p := newObject()
-				p.set("type", jstr("text"))
-				p.set("text", jstr(tx))
+				switch {
+				case !cp.image:
+					p.set("type", jstr("text"))
+					p.set("text", jstr(cp.text))
+				case images == imagesAsParts:
+					p.set("type", jstr("image")) // what vLLM hands the template
+				default:
+					p.set("type", jstr("text"))
+					p.set("text", jstr(imageSentinel))
+				}
 				parts.arr = append(parts.arr, p)
 			}
 			msg.set("content", parts)
 		} else {
-			msg.set("content", jstr(strings.Join(texts, "\n")))
+			// vLLM's string format: the texts joined by "\n", each image's placeholder put in
+			// front of them (_get_full_multimodal_text_prompt).
+			var texts, marks []string
+			for _, cp := range cparts {
+				if cp.image {
+					marks = append(marks, imageSentinel)
+				} else {
+					texts = append(texts, cp.text)
+				}
+			}
+			joined := strings.Join(texts, "\n")
+			if len(marks) > 0 {
+				joined = strings.Join(append(marks, joined), "\n")
+			}
+			msg.set("content", jstr(joined))
 		}
 		switch role.s {
 		case "assistant":
@@ -342,20 +365,30 @@ func conversation(messages *jval, openAI bool) (*jval, error) {
 	return out, nil
 }
 
-// contentTexts returns the texts of a message content (string, null or parts). Empty texts
-// are kept, as vLLM keeps them ("a", "", "b" joins to "a\n\nb").
-func contentTexts(c *jval, where string) ([]string, error) {
+// contentPart is one part of a message content: a text, or an image (images != imagesRefused).
+type contentPart struct {
+	text  string
+	image bool
+}
+
+// imagePartTypes are the content part types vLLM accepts as images.
+var imagePartTypes = map[string]bool{"image_url": true, "input_image": true, "image_pil": true, "image_embeds": true}
+
+// contentParts returns the parts of a message content (string, null or parts). Empty texts are
+// kept, as vLLM keeps them ("a", "", "b" joins to "a\n\nb"). Image parts are refused (400) when
+// images is imagesRefused, else returned as image parts.
+func contentParts(c *jval, where string, images imageMode) ([]contentPart, error) {
 	if c == nil || c.kind == jNull {
 		return nil, nil
 	}
 	switch c.kind {
 	case jString:
-		return []string{c.s}, nil
+		return []contentPart{{text: c.s}}, nil
 	case jArray:
-		var texts []string
+		var parts []contentPart
 		for k, p := range c.arr {
 			if p.kind == jString {
-				texts = append(texts, p.s)
+				parts = append(parts, contentPart{text: p.s})
 				continue
 			}
 			if p.kind != jObject {
@@ -364,12 +397,18 @@ func contentTexts(c *jval, where string) ([]string, error) {
 			typ := p.get("type")
 			field := ""
 			switch {
+			case typ != nil && typ.kind == jString && imagePartTypes[typ.s]:
+				if images == imagesRefused {
+					return nil, badRequest("%s[%d] has type %q: kvepp cannot tokenize images exactly (requests with images are routed by the text before the first image)", where, k, typ.s)
+				}
+				parts = append(parts, contentPart{image: true})
+				continue
 			case typ != nil && typ.kind == jString:
 				f, ok := textPartTypes[typ.s]
 				if !ok {
-					// vLLM answers 400 for a part a text-only model cannot take (image_url,
-					// input_audio, video_url, file …) and for unknown types alike.
-					return nil, badRequest("%s[%d] has type %q: only text content parts are accepted (text, input_text, output_text, refusal, thinking)", where, k, typ.s)
+					// vLLM answers 400 for a part a text-only model cannot take (input_audio,
+					// video_url, file …) and for unknown types alike.
+					return nil, badRequest("%s[%d] has type %q: only text and image content parts are accepted (text, input_text, output_text, refusal, thinking, image_url, input_image)", where, k, typ.s)
 				}
 				field = f
 			case typ == nil && p.get("text") != nil:
@@ -384,9 +423,9 @@ func contentTexts(c *jval, where string) ([]string, error) {
 			if tx.kind != jString {
 				return nil, badRequest("%s[%d].%s is %s, want a string", where, k, field, tx.typeName())
 			}
-			texts = append(texts, tx.s)
+			parts = append(parts, contentPart{text: tx.s})
 		}
-		return texts, nil
+		return parts, nil
 	}
 	return nil, badRequest("%s is %s, want a string, null or an array of parts", where, c.typeName())
 }

@@ -32,6 +32,7 @@ type Tokenizer struct {
 
 	cleanUpSpaces  bool // tokenizer_config.json clean_up_tokenization_spaces (Decode)
 	modelMaxLength int  // tokenizer_config.json model_max_length, 0 = unknown
+	maxPositions   int  // config.json max_position_embeddings, 0 = unknown
 
 	segPool sync.Pool // *[]segment scratch
 }
@@ -93,6 +94,7 @@ func Load(dir string) (*Tokenizer, error) {
 	if err := t.applyConfig(cfgData); err != nil {
 		return nil, fmt.Errorf("load tokenizer config %s: %w", cfgPath, err)
 	}
+	t.maxPositions = readMaxPositions(dir)
 	var jinjaFile []byte
 	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
 		jinjaFile = b

@@ -1,0 +1,175 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"unicode/utf8"
+)
+
+// imageMode says what the chat path does with image content parts.
+type imageMode uint8
+
+const (
+	// imagesRefused answers 400 (exact tokenization only, e.g. /tokenize).
+	imagesRefused imageMode = iota
+	// imagesAsSentinels renders each image as imageSentinel, to find where the first one is.
+	imagesAsSentinels
+	// imagesAsParts renders images as vLLM hands them to an "openai"-format template
+	// ({"type": "image"}), to see the text the template puts there.
+	imagesAsParts
+)
+
+// imageSentinel marks an image in a rendered prompt: private-use characters no request text or
+// template is expected to contain.
+const imageSentinel = "\uE000kvepp-image\uE001"
+
+// backOffTokens is how many tokens before the first image are treated as uncached when the text
+// the engine puts at the image is not known to start with an added token: BPE may join the
+// prefix's last piece with that text, so those last tokens may differ from the engine's.
+const backOffTokens = 4
+
+// ChatPrompt is a chat request tokenized for routing: TokenIDs are the engine's ids exactly up to
+// UncachedFrom; from there on (the first image, epp.md §5.4 as kvepp extends it) the ids stand in
+// for content kvepp cannot tokenize as the engine does, and their blocks must be booked as
+// uncached. UncachedFrom is len(TokenIDs) for a text-only request.
+type ChatPrompt struct {
+	TokenIDs     []uint32
+	UncachedFrom int
+}
+
+// TokenizeChatPrompt tokenizes a chat completions body for routing. A text-only request gives
+// exactly TokenizeChat's ids. A request with image parts (image_url, input_image, image_pil,
+// image_embeds) is rendered with a sentinel at every image: the text before the first image is
+// encoded exactly (the blocks before it hash as the engine's do); the rest — the remaining text
+// plus imageTokens ids per image — is returned after UncachedFrom. When the rendered text at the
+// image does not start with an added token (string content format, whose placeholder is
+// model-specific, or a template that prints plain text for the image), UncachedFrom backs off by
+// backOffTokens. Errors as TokenizeChat.
+func (t *Tokenizer) TokenizeChatPrompt(body []byte, imageTokens int) (ChatPrompt, error) {
+	obj, err := parseBody(body)
+	if err != nil {
+		return ChatPrompt{}, err
+	}
+	in, addSpecial, err := chatInputFromBody(obj)
+	if err != nil {
+		return ChatPrompt{}, err
+	}
+	in.images = imagesAsSentinels
+	prompt, err := t.render(in)
+	if err != nil {
+		return ChatPrompt{}, err
+	}
+	first := strings.Index(prompt, imageSentinel)
+	if first < 0 {
+		ids := t.Encode(prompt, addSpecial)
+		return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids)}, nil
+	}
+	prefix := prompt[:first]
+	rest := prompt[first+len(imageSentinel):]
+	images := 1 + strings.Count(rest, imageSentinel)
+	rest = strings.ReplaceAll(rest, imageSentinel, "")
+
+	ids := make([]uint32, 0, len(prompt)/3+images*imageTokens+8)
+	if addSpecial {
+		ids = append(ids, t.post.prefix...)
+	}
+	ids = t.appendEncodedText(prefix, ids)
+	uncached := len(ids)
+	if !t.imageBoundaryClean(in, prefix) {
+		uncached = max(uncached-backOffTokens, 0)
+	}
+	ids = t.appendEncodedText(rest, ids)
+	for i := 0; i < images*imageTokens; i++ {
+		ids = append(ids, 0)
+	}
+	if addSpecial {
+		ids = append(ids, t.post.suffix...)
+	}
+	return ChatPrompt{TokenIDs: ids, UncachedFrom: uncached}, nil
+}
+
+// appendEncodedText encodes s (without special tokens) onto dst.
+func (t *Tokenizer) appendEncodedText(s string, dst []uint32) []uint32 {
+	if t.model == nil {
+		return dst
+	}
+	return t.appendEncoded(sanitizeIfNeeded(s), dst)
+}
+
+// imageBoundaryClean reports whether the engine's text at the first image starts with an added
+// token right after prefix, so the prefix's ids are exactly the engine's: only knowable for an
+// "openai"-format template, rendered again with the image parts vLLM passes.
+func (t *Tokenizer) imageBoundaryClean(in *chatInput, prefix string) bool {
+	tmpl, err := t.chat.pick(in.tools != nil)
+	if err != nil || !tmpl.openAIContent {
+		return false
+	}
+	in.images = imagesAsParts
+	real, err := t.render(in)
+	in.images = imagesAsSentinels
+	if err != nil || !strings.HasPrefix(real, prefix) {
+		return false
+	}
+	start, _, tok := t.addedRaw.next(real, len(prefix))
+	return tok != nil && start == len(prefix)
+}
+
+// TokenizeChatText is TokenizeChat for callers that need exact ids only (/tokenize): image parts
+// are a bad request rather than routed by their prefix.
+func (t *Tokenizer) TokenizeChatText(body []byte) ([]uint32, error) {
+	return t.TokenizeChat(body)
+}
+
+// TokenString returns the vocabulary spelling of id (an added token's content), as
+// transformers' convert_ids_to_tokens; false for an unknown id.
+func (t *Tokenizer) TokenString(id uint32) (string, bool) {
+	if a, ok := t.addedByID[id]; ok {
+		return a.content, true
+	}
+	s, ok := t.idToToken[id]
+	return s, ok
+}
+
+func sanitizeIfNeeded(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return sanitizeUTF8(s)
+}
+
+// MaxModelLen returns the context length vLLM would report as max_model_len, in tokens: config.json's
+// max_position_embeddings (or text_config's) when the tokenizer directory has a config.json (a
+// Hugging Face snapshot does), else tokenizer_config.json's model_max_length, else 0 (unknown).
+// vLLM may lower it with --max-model-len; kvepp cannot see that.
+func (t *Tokenizer) MaxModelLen() int {
+	if t.maxPositions > 0 {
+		return t.maxPositions
+	}
+	return t.modelMaxLength
+}
+
+// readMaxPositions reads max_position_embeddings from dir/config.json (0 when absent).
+func readMaxPositions(dir string) int {
+	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return 0
+	}
+	var c struct {
+		MaxPositions *int `json:"max_position_embeddings"`
+		TextConfig   *struct {
+			MaxPositions *int `json:"max_position_embeddings"`
+		} `json:"text_config"`
+	}
+	if json.Unmarshal(data, &c) != nil {
+		return 0
+	}
+	switch {
+	case c.MaxPositions != nil && *c.MaxPositions > 0:
+		return *c.MaxPositions
+	case c.TextConfig != nil && c.TextConfig.MaxPositions != nil && *c.TextConfig.MaxPositions > 0:
+		return *c.TextConfig.MaxPositions
+	}
+	return 0
+}

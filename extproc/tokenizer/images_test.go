@@ -1,0 +1,77 @@
+package tokenizer
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestTokenizeChatPromptRoutesImagesByTheirTextPrefix checks the image boundary: a text-only
+// request is exact; with an image the ids before UncachedFrom are the ids of the same chat
+// without the image, the rest is booked (remaining text plus imageTokens per image).
+func TestTokenizeChatPromptRoutesImagesByTheirTextPrefix(t *testing.T) {
+	const history = `{"role":"system","content":"You describe pictures."},{"role":"user","content":"Hello"},{"role":"assistant","content":"Hi! Send a picture."},`
+	textOnly := []byte(`{"messages":[` + history + `{"role":"user","content":[{"type":"text","text":"What is this?"}]}]}`)
+	withImage := []byte(`{"messages":[` + history + `{"role":"user","content":[{"type":"text","text":"What is this?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}},{"type":"input_image","image_url":"x"}]}]}`)
+
+	t.Run("a text-only chat is exact (Qwen3)", func(t *testing.T) {
+		tk := qwen3(t)
+		want, err := tk.TokenizeChat(textOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tk.TokenizeChatPrompt(textOnly, 256)
+		if err != nil || !cmp.Equal(got, ChatPrompt{TokenIDs: want, UncachedFrom: len(want)}) {
+			t.Fatalf("TokenizeChatPrompt = %+v, %v; want the exact ids", got, err)
+		}
+	})
+	t.Run("string content format: the prefix is exact up to the back-off before the image (Qwen3)", func(t *testing.T) {
+		tk := qwen3(t)
+		exact, err := tk.TokenizeChat(textOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tk.TokenizeChatPrompt(withImage, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.UncachedFrom < 20 || got.UncachedFrom >= len(exact) {
+			t.Fatalf("UncachedFrom = %d of %d exact tokens", got.UncachedFrom, len(exact))
+		}
+		if !cmp.Equal(got.TokenIDs[:got.UncachedFrom], exact[:got.UncachedFrom]) {
+			t.Fatalf("prefix before the image differs from the text-only chat's ids")
+		}
+		if len(got.TokenIDs) < len(exact)+200 {
+			t.Fatalf("%d ids booked, want the text plus 2 images x 100 tokens (> %d)", len(got.TokenIDs), len(exact)+200)
+		}
+	})
+	t.Run("the exact path still refuses images", func(t *testing.T) {
+		if _, err := qwen3(t).TokenizeChatText(withImage); err == nil {
+			t.Fatal("TokenizeChatText accepted an image")
+		}
+	})
+	t.Run("openai content format with an added image token: the prefix is exact to the image (Gemma 3)", func(t *testing.T) {
+		tk := realModel(t, "gemma3")
+		img := []byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"Look:"},{"type":"image_url","image_url":{"url":"u"}},{"type":"text","text":"what is it?"}]}]}`)
+		txt := []byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"Look:"},{"type":"text","text":"<start_of_image>"},{"type":"text","text":"what is it?"}]}]}`)
+		exact, err := tk.TokenizeChat(txt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tk.TokenizeChatPrompt(img, 256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		boi, _ := tk.TokenID("<start_of_image>")
+		k := -1
+		for i, id := range exact {
+			if id == boi {
+				k = i
+				break
+			}
+		}
+		if k < 0 || got.UncachedFrom != k || !cmp.Equal(got.TokenIDs[:k], exact[:k]) {
+			t.Fatalf("UncachedFrom = %d, want %d (the <start_of_image> position) with the same ids before it", got.UncachedFrom, k)
+		}
+	})
+}

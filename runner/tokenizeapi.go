@@ -1,0 +1,223 @@
+package runner
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/kvepp/kvepp/extproc/tokenizer"
+)
+
+// tokenizeAPI serves POST /tokenize and POST /detokenize on the selection side port, shaped like
+// vLLM's own endpoints so an operator can diff kvepp's token ids with the engine's in one command
+// (README "Checking tokenization against the engine"):
+//
+//	/tokenize   {"model", "prompt", "add_special_tokens" (default true), "return_token_strs"}
+//	         or {"model", "messages", "tools", "add_generation_prompt" (default true),
+//	             "continue_final_message", "add_special_tokens" (default false),
+//	             "chat_template_kwargs", "return_token_strs"}
+//	         →  {"count": N, "max_model_len": M, "tokens": [...], "token_strs": [...] | null}
+//	/detokenize {"model", "tokens": [...]} → {"prompt": "..."}
+//
+// Errors are vLLM's ErrorResponse: {"error": {"message", "type", "param", "code"}} with
+// BadRequestError (400), NotFoundError (404, unknown model), and 503 while tokenizers load or
+// when the tokenizer protocol has no local tokenizer (vllm-render, none). Everything else goes to
+// next (the selection API).
+type tokenizeAPI struct {
+	next      http.Handler
+	set       atomic.Pointer[tokenizerSet]
+	protocol  string
+	defModel  string
+	maxBody   int64
+	localOnly string // why there is no local tokenizer, "" in local mode
+}
+
+func newTokenizeAPI(next http.Handler, cfg Config) *tokenizeAPI {
+	a := &tokenizeAPI{next: next, protocol: cfg.EffectiveTokenizerProtocol(), defModel: cfg.ModelName, maxBody: cfg.MaxRequestBodyBytes}
+	if a.protocol != TokenizerProtocolLocal {
+		a.localOnly = fmt.Sprintf("/tokenize needs a local tokenizer; DYN_EPP_TOKENIZER_PROTOCOL is %s (the model server's own /tokenize answers for vllm-render)", a.protocol)
+	}
+	return a
+}
+
+// ServeHTTP implements http.Handler.
+func (a *tokenizeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/tokenize", "/detokenize":
+	default:
+		a.next.ServeHTTP(w, r)
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		vllmError(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "", "Method Not Allowed")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.maxBody))
+	if err != nil {
+		vllmError(w, http.StatusRequestEntityTooLarge, "BadRequestError", "", "request body is too large")
+		return
+	}
+	var head struct {
+		Model *string `json:"model"`
+	}
+	if err := json.Unmarshal(body, &head); err != nil {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "request body is not a JSON object: "+err.Error())
+		return
+	}
+	if a.localOnly != "" {
+		vllmError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "", a.localOnly)
+		return
+	}
+	set := a.set.Load()
+	if set == nil {
+		vllmError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "", "tokenizers are still loading")
+		return
+	}
+	model := a.defModel
+	if head.Model != nil {
+		model = *head.Model
+	}
+	// As vLLM: a model that is not served is a 404. DYN_EPP_TOKENIZER_DIR's tokenizer serves
+	// DYN_MODEL_NAME (any name when that is unset); DYN_EPP_TOKENIZERS the models it lists.
+	rt, ok := set.byModel[model]
+	if !ok && set.def != nil && (head.Model == nil || a.defModel == "" || model == a.defModel) {
+		rt, ok = set.def, true
+	}
+	lt, isLocal := rt.(localTokenizer)
+	if !ok || !isLocal {
+		vllmError(w, http.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", model))
+		return
+	}
+	if r.URL.Path == "/detokenize" {
+		a.detokenize(w, lt.Tokenizer, body)
+		return
+	}
+	a.tokenize(w, lt.Tokenizer, body)
+}
+
+func (a *tokenizeAPI) tokenize(w http.ResponseWriter, tk *tokenizer.Tokenizer, body []byte) {
+	var req struct {
+		Prompt          json.RawMessage `json:"prompt"`
+		Messages        json.RawMessage `json:"messages"`
+		ReturnTokenStrs *bool           `json:"return_token_strs"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "", err.Error())
+		return
+	}
+	var ids []uint32
+	var err error
+	switch {
+	case req.Messages != nil && req.Prompt != nil:
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "give either prompt or messages, not both")
+		return
+	case req.Messages != nil:
+		ids, err = tk.TokenizeChatText(body)
+	case req.Prompt != nil:
+		if bytes.HasPrefix(bytes.TrimSpace(req.Prompt), []byte(`"`)) {
+			ids, err = tk.TokenizeCompletion(body)
+		} else {
+			err = errors.New("prompt must be a string")
+		}
+	default:
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "either prompt or messages is required")
+		return
+	}
+	if err != nil {
+		status, typ := http.StatusBadRequest, "BadRequestError"
+		if !errors.Is(err, tokenizer.ErrBadRequest) && err.Error() != "prompt must be a string" {
+			status, typ = http.StatusInternalServerError, "InternalServerError"
+		}
+		vllmError(w, status, typ, "", err.Error())
+		return
+	}
+	resp := struct {
+		Count       int       `json:"count"`
+		MaxModelLen int       `json:"max_model_len"`
+		Tokens      []uint32  `json:"tokens"`
+		TokenStrs   *[]string `json:"token_strs"`
+	}{Count: len(ids), MaxModelLen: tk.MaxModelLen(), Tokens: ids}
+	if resp.Tokens == nil {
+		resp.Tokens = []uint32{}
+	}
+	if req.ReturnTokenStrs != nil && *req.ReturnTokenStrs {
+		strs := make([]string, len(ids))
+		for i, id := range ids {
+			strs[i], _ = tk.TokenString(id)
+		}
+		resp.TokenStrs = &strs
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (a *tokenizeAPI) detokenize(w http.ResponseWriter, tk *tokenizer.Tokenizer, body []byte) {
+	var req struct {
+		Tokens *[]int64 `json:"tokens"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "tokens", "tokens must be a list of integers: "+err.Error())
+		return
+	}
+	if req.Tokens == nil {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "tokens", "tokens is required")
+		return
+	}
+	ids := make([]uint32, len(*req.Tokens))
+	for i, v := range *req.Tokens {
+		if _, ok := tk.TokenString(uint32(v)); v < 0 || v > 1<<32-1 || !ok {
+			vllmError(w, http.StatusBadRequest, "BadRequestError", "tokens", "token id "+strconv.FormatInt(v, 10)+" is out of vocabulary")
+			return
+		}
+		ids[i] = uint32(v)
+	}
+	text, err := tk.Decode(ids, false)
+	if err != nil {
+		vllmError(w, http.StatusInternalServerError, "InternalServerError", "", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Prompt string `json:"prompt"`
+	}{text})
+}
+
+// vllmErrorBody is vLLM's ErrorResponse.
+type vllmErrorBody struct {
+	Error vllmErrorInfo `json:"error"`
+}
+
+type vllmErrorInfo struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}
+
+// vllmError writes vLLM's ErrorResponse.
+func vllmError(w http.ResponseWriter, status int, typ, param, msg string) {
+	info := vllmErrorInfo{Message: msg, Type: typ, Code: status}
+	if param != "" {
+		info.Param = &param
+	}
+	writeJSON(w, status, vllmErrorBody{Error: info})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // as Python's json: "<|im_end|>" stays readable
+	data := buf.Bytes()
+	if err := enc.Encode(v); err != nil {
+		status, data = http.StatusInternalServerError, []byte(`{"error":{"message":"internal error","type":"InternalServerError","param":null,"code":500}}`)
+	} else {
+		data = bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(data)
+}
