@@ -1,6 +1,9 @@
 package tokenizer
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -89,4 +92,97 @@ func BenchmarkLoad(b *testing.B) {
 		}
 	}
 	b.ReportMetric((cpuTime()-cpu0).Seconds()/float64(b.N)*1e3, "cpu-ms/op")
+}
+
+// spChatBody builds a chat of about want tokens from the chat-long vector's text: a system
+// message and alternating user/assistant turns, so every family's template accepts it.
+func spChatBody(b *testing.B, repeats int) []byte {
+	b.Helper()
+	var v struct {
+		Messages []struct {
+			Content string `json:"content"`
+		} `json:"messages"`
+	}
+	body, _ := chatLongBody(b)
+	if err := json.Unmarshal(body, &v); err != nil {
+		b.Fatal(err)
+	}
+	text := v.Messages[len(v.Messages)-1].Content
+	msgs := []map[string]string{{"role": "system", "content": v.Messages[0].Content}}
+	for i := 0; i < repeats; i++ {
+		if i > 0 {
+			msgs = append(msgs, map[string]string{"role": "assistant", "content": "Noted."})
+		}
+		msgs = append(msgs, map[string]string{"role": "user", "content": text})
+	}
+	out, err := json.Marshal(map[string]any{"model": "m", "messages": msgs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return out
+}
+
+// BenchmarkTokenizeChatFamilies measures warm TokenizeChat (parse, render, encode) per core for
+// the SentencePiece layouts (Llama 2 with the Phi-3 template: Prepend+Replace normalizer, no
+// pre-tokenizer; Gemma 3 with its own template: Replace normalizer, 262k vocabulary) beside the
+// byte-level Qwen3, on a ~3k-token chat (1 copy of chat-long) and a ~50k-token chat (16
+// copies). The SentencePiece tokenizers come from testdata/fetch_models.sh (skipped without).
+// Goal: >= 10 M tokens/s.
+func BenchmarkTokenizeChatFamilies(b *testing.B) {
+	type family struct {
+		name, model, template string
+		special               map[string]string
+	}
+	fams := []family{
+		{"qwen3-bytelevel", "", "", nil},
+		{"llama2-sentencepiece", "llama2", "phi3.jinja", map[string]string{"bos_token": "<s>", "eos_token": "</s>"}},
+		{"gemma3-sentencepiece", "gemma3", "gemma3.jinja", map[string]string{"bos_token": "<bos>", "eos_token": "<end_of_turn>"}},
+	}
+	for _, f := range fams {
+		for _, size := range []struct {
+			name    string
+			repeats int
+		}{{"3k", 1}, {"50k", 16}} {
+			b.Run(f.name+"/"+size.name, func(b *testing.B) {
+				var tk *Tokenizer
+				if f.model == "" {
+					tk = qwen3(b)
+				} else {
+					tk = realModel(b, f.model)
+					src, err := os.ReadFile(filepath.Join("testdata", "templates", f.template))
+					if err != nil {
+						b.Fatal(err)
+					}
+					cfg := map[string]any{"chat_template": string(src)}
+					for k, v := range f.special {
+						cfg[k] = v
+					}
+					data, _ := json.Marshal(cfg)
+					cc, err := parseChatConfig(data, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					saved := tk.chat
+					tk.chat = cc
+					b.Cleanup(func() { tk.chat = saved })
+				}
+				body := spChatBody(b, size.repeats)
+				ids, err := tk.TokenizeChat(body) // warm the piece cache
+				if err != nil {
+					b.Fatal(err)
+				}
+				n := len(ids)
+				b.ReportAllocs()
+				b.ResetTimer()
+				cpu0 := cpuTime()
+				for i := 0; i < b.N; i++ {
+					if ids, err := tk.TokenizeChat(body); err != nil || len(ids) != n {
+						b.Fatalf("TokenizeChat: %d ids, %v", len(ids), err)
+					}
+				}
+				reportTokens(b, n, cpu0)
+				b.ReportMetric(float64(n), "tokens/op")
+			})
+		}
+	}
 }

@@ -1,23 +1,35 @@
 // Package tokenizer turns OpenAI-style request bodies into exactly the token ids a vLLM/SGLang
 // engine computes for them, in process (epp.md §5.4 `local` mode, tokenizer.md).
 //
-// It has two halves:
+// Its pipeline, stage by stage (each stage is its own type so later work can reuse or cache any
+// of them):
 //
-//   - An exact Hugging Face byte-level BPE tokenizer loaded from tokenizer.json (Qwen2/2.5/3,
-//     Llama 3 and GPT-2 layouts): added tokens matched leftmost-longest in the raw text, the
-//     normalizer run per segment between added tokens, Split/ByteLevel/Digits pre-tokenizers
-//     (hand-written scanners for the Qwen2, Llama 3 and GPT-2 patterns, verified equal to
-//     regexp2 in its default mode, with regexp2 itself as the general fallback), GPT-2's
-//     bytes-to-unicode mapping, BPE merges by rank with ties broken by leftmost position, the
-//     post-processor for add_special_tokens, and a bounded concurrency-safe piece cache.
-//   - A chat-template renderer (github.com/ardanlabs/jinja configured like transformers'
-//     jinja2 environment) over an order-keeping decode of the request, with vLLM's request
-//     preprocessing and a Python-exact tojson.
+//  1. request → chat input (request.go, chat.go): an order-keeping JSON decode (jsonvalue.go),
+//     vLLM's preprocessing (content format, empty parts kept, tool-call arguments, tools as
+//     model_dump()s, images marked for routing by their text prefix, images.go).
+//  2. chat input → prompt text: the chat template through github.com/ardanlabs/jinja configured
+//     like transformers' jinja2 (template.go resolves whitespace control with jinja2's lexer
+//     rules; tojson.go is a Python-exact tojson; strftime.go a Python-exact strftime_now).
+//  3. prompt text → ids (tokenizer.go): added tokens matched leftmost-longest in the raw text with
+//     their flags (added.go); the normalizer per segment between them (pipeline.go,
+//     sentencepiece.go: NFC/NFD/NFKC/NFKD, Lowercase, Prepend, Replace, Strip); pre-tokenizers
+//     (Split/ByteLevel/Digits with hand-written scanners for the Qwen2, Llama 3 and GPT-2
+//     patterns and regexp2 as the general fallback; Metaspace); BPE (bpe.go) over GPT-2
+//     byte-level symbols or, for SentencePiece-style models, characters with byte fallback,
+//     cut at "▁" where no merge crosses so pieces hit the bounded piece cache; the
+//     post-processor for add_special_tokens, rewritten from tokenizer_config.json's
+//     add_bos_token/add_eos_token for the transformers classes that do so (config.go).
+//  4. ids → text (decoder.go): the decoder chain, for /detokenize.
 //
-// Known engine gaps (outside tojson, which is exact): ardanlabs/jinja prints `{{ none }}` as ""
-// (Python: "None") and floats in `{{ }}` with %g; integers beyond int64 are floats inside the
-// template (tojson still prints their exact literal). Template whitespace control is resolved
-// by this package with jinja2's lexer rules (see prepareTemplate), not by the engine.
+// Load also resolves nothing over the network: ResolveDir finds tokenizer files in a Hugging
+// Face cache. The vllmrender subpackage is the other tokenizer: the model server's render
+// endpoint.
+//
+// Known engine gaps (outside tojson and strftime_now, which kvepp supplies): ardanlabs/jinja
+// prints `{{ none }}` as "" (Python: "None") and floats in `{{ }}` with %g; integers beyond
+// int64 are floats inside the template (tojson still prints their exact literal). Its own
+// strftime_now rewrites literal text that looks like a Go layout and lacks %j, %-d, %e; its
+// filters cannot be replaced, so `|tojson` is renamed during template preparation.
 //
 // A *Tokenizer is immutable after Load and safe for concurrent use.
 package tokenizer

@@ -11,9 +11,9 @@ import (
 	"unicode/utf8"
 )
 
-// Tokenizer is a loaded Hugging Face byte-level BPE tokenizer plus its chat template
-// (tokenizer.md). It is immutable after Load except for its internal piece cache and is safe for
-// concurrent use; load it once per model and share it.
+// Tokenizer is a loaded Hugging Face BPE tokenizer (byte-level or SentencePiece-style) plus its
+// chat template (tokenizer.md). It is immutable after Load except for its internal piece cache and
+// is safe for concurrent use; load it once per model and share it.
 type Tokenizer struct {
 	model     *bpeModel
 	addedRaw  *addedMatcher // added tokens with normalized=false, matched on the raw text
@@ -68,11 +68,14 @@ type tokenizerJSON struct {
 }
 
 // Load reads dir/tokenizer.json and dir/tokenizer_config.json (plus dir/chat_template.jinja when
-// present, which transformers prefers over the config's chat_template) and builds a Tokenizer
-// (tokenizer.md, epp.md §5.4 `local`). tokenizer_config.json is optional; without a chat
-// template TokenizeChat and TokenizeResponses fail with ErrNoChatTemplate. Errors name the file
-// and wrap ErrUnsupported for what is not implemented (Unigram, WordPiece and WordLevel models,
-// the Precompiled normalizer, unknown components), naming the component.
+// present, which transformers prefers over the config's chat_template, and dir/config.json for
+// MaxModelLen) and builds a Tokenizer (tokenizer.md, epp.md §5.4 `local`): byte-level or
+// SentencePiece-style BPE, with the post-processor rewritten from add_bos_token/add_eos_token for
+// the transformers classes that do so (postProcessorClasses). tokenizer_config.json is optional;
+// without a chat template TokenizeChat and TokenizeResponses fail with ErrNoChatTemplate. Errors
+// name the file and wrap ErrUnsupported for what is not implemented (Unigram, WordPiece and
+// WordLevel models, the Precompiled normalizer, unknown components), naming the component and
+// suggesting vllm-render.
 func Load(dir string) (*Tokenizer, error) {
 	path := filepath.Join(dir, "tokenizer.json")
 	data, err := os.ReadFile(path)
