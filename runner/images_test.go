@@ -2,12 +2,10 @@ package runner
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/kvepp/kvepp/extproc/extproctest"
-	"github.com/kvepp/kvepp/picker"
 )
 
 // TestImageChatIsRoutedByItsTextPrefix plays a chat with an image through ext_proc in
@@ -19,13 +17,7 @@ func TestImageChatIsRoutedByItsTextPrefix(t *testing.T) {
 	cfg.UseKVEvents = false
 	cfg.ImageTokens = 64
 	inst := startInstance(t, cfg)
-	for id := uint64(1); id <= 2; id++ {
-		bs := uint32(16)
-		rec := picker.WorkerRecord{WorkerID: id, ModelName: e2eModel, Endpoint: fmt.Sprintf("http://127.0.0.1:%d", 18300+id), BlockSize: &bs}
-		if _, err := inst.Service.UpsertWorker(context.Background(), rec, picker.SourceAPI); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addWorkers(t, inst, 2, 18300)
 	client := extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC))
 	history := strings.Repeat("We talk about pictures and caches. ", 30)
 	body := []byte(`{"model":"` + e2eModel + `","messages":[{"role":"system","content":"` + history + `"},{"role":"user","content":[{"type":"text","text":"Describe it."},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`)

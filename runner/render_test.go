@@ -57,14 +57,20 @@ func renderInstance(t testing.TB, url string, timeout time.Duration) (*Instance,
 	cfg.TokenizationTimeout = Millis(timeout)
 	cfg.UseKVEvents = false
 	inst := startInstance(t, cfg)
-	for id := uint64(1); id <= 2; id++ {
+	addWorkers(t, inst, 2, 18200)
+	return inst, extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC))
+}
+
+// addWorkers registers n workers of the served model (block size 16) at 127.0.0.1:basePort+id.
+func addWorkers(t testing.TB, inst *Instance, n int, basePort int) {
+	t.Helper()
+	for id := uint64(1); id <= uint64(n); id++ {
 		bs := uint32(16)
-		rec := picker.WorkerRecord{WorkerID: id, ModelName: e2eModel, Endpoint: fmt.Sprintf("http://127.0.0.1:%d", 18200+id), BlockSize: &bs}
+		rec := picker.WorkerRecord{WorkerID: id, ModelName: e2eModel, Endpoint: fmt.Sprintf("http://127.0.0.1:%d", basePort+int(id)), BlockSize: &bs}
 		if _, err := inst.Service.UpsertWorker(context.Background(), rec, picker.SourceAPI); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return inst, extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC))
 }
 
 // TestVLLMRenderThroughExtProc routes through the render endpoint (epp.md §5.4 vllm-render):

@@ -377,12 +377,9 @@ func (pt *preTokenizer) add(raw json.RawMessage) error {
 		return nil
 	case "Split":
 		var q struct {
-			Pattern struct {
-				Regex  *string `json:"Regex"`
-				String *string `json:"String"`
-			} `json:"pattern"`
-			Behavior string `json:"behavior"`
-			Invert   bool   `json:"invert"`
+			Pattern  patternJSON `json:"pattern"`
+			Behavior string      `json:"behavior"`
+			Invert   bool        `json:"invert"`
 		}
 		if err := json.Unmarshal(raw, &q); err != nil {
 			return fmt.Errorf("pre_tokenizer Split: %w", err)

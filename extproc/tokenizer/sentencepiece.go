@@ -57,14 +57,17 @@ func (r *replaceNormalizer) normalize(s string) string {
 	return b.String()
 }
 
+// patternJSON is a Split or Replace pattern: a regex or a literal string.
+type patternJSON struct {
+	Regex  *string `json:"Regex"`
+	String *string `json:"String"`
+}
+
 // parseReplace reads {"pattern": {"String"|"Regex": …}, "content": …}.
 func parseReplace(raw json.RawMessage, where string) (*replaceNormalizer, error) {
 	var q struct {
-		Pattern struct {
-			Regex  *string `json:"Regex"`
-			String *string `json:"String"`
-		} `json:"pattern"`
-		Content string `json:"content"`
+		Pattern patternJSON `json:"pattern"`
+		Content string      `json:"content"`
 	}
 	if err := json.Unmarshal(raw, &q); err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)

@@ -17,15 +17,8 @@ const { Tokenizer } = require('tokenizers');
 const modelDir = process.argv[2] || '../../../../shared/models/qwen3';
 const here = __dirname;
 
-// Seeded PRNG (mulberry32) so the output is reproducible.
-let seed = 0x5eed1234;
-function rnd() {
-  seed |= 0; seed = (seed + 0x6d2b79f5) | 0;
-  let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-  t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-}
-const pick = (a) => a[Math.floor(rnd() * a.length)];
+const { seededRandom, textMaker, encodeAll } = require('./goldenlib');
+const rnd = seededRandom(0x5eed1234);
 
 const atoms = [
   'a', 'b', 'Z', 'the', ' the', 'Hello', 'world', 'DON', "'s", "'S", "'re", "'ll", "'LL", "'ve", "'d", "'m", "'t", "'x", "'",
@@ -37,12 +30,6 @@ const atoms = [
   '<|im_end|>', '<|im_start|>', '<|endoftext|>', '<think>', '</think>', '<tool_call>', '<|im_', '|>', '<|', '<mask>', '[R]', 'word', 'héllo', 'HÉLLO',
 ];
 
-function randomText() {
-  const n = 1 + Math.floor(rnd() * 24);
-  let s = '';
-  for (let i = 0; i < n; i++) s += pick(atoms);
-  return s;
-}
 
 const hard = [
   '', ' ', 'Hello, how are you?', 'Hello world', 'e\u0301', 'caf\u00e9 vs cafe\u0301', 'a<|im_end|>\u0338', '<|im_end|>\u0338x',
@@ -52,22 +39,9 @@ const hard = [
   'x\u2028y\u2029z', 'a\u0085b', 'def f(x):\n    return x  # comment\n', '中文 English 混合 text，标点。', 'İstanbul ΣΑΣ σοφός', 'ﬁne ½ ² Ⅻ ١٢٣',
   '<think>\nreasoning\n</think>\n\n', '<tool_call>\n{"name": "f"}\n</tool_call>', '<|im_start|><|im_end|><|endoftext|>', '<<|im_end|>>', '<|im_end|',
 ];
+const texts = textMaker(rnd, atoms, hard);
 
-function texts(count) {
-  const out = hard.slice();
-  while (out.length < count) out.push(randomText());
-  return out;
-}
 
-async function encodeAll(tok, list) {
-  const out = [];
-  for (const text of list) {
-    const plain = await tok.encode(text, null, { addSpecialTokens: false });
-    const withSpecial = await tok.encode(text, null, { addSpecialTokens: true });
-    out.push({ text, ids: plain.getIds(), ids_special: withSpecial.getIds() });
-  }
-  return out;
-}
 
 // Build a small vocabulary from Qwen3's first merges (tokens renumbered densely).
 function smallModel(full, nMerges) {

@@ -27,14 +27,8 @@ const { Tokenizer } = require('tokenizers');
 const modelsDir = process.argv[2] || process.env.KVEPP_TOKENIZER_MODELS || '/tmp/kvepp-tokenizer-models';
 const here = __dirname;
 
-let seed = 0x5eed5eed;
-function rnd() {
-  seed |= 0; seed = (seed + 0x6d2b79f5) | 0;
-  let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-  t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-}
-const pick = (a) => a[Math.floor(rnd() * a.length)];
+const { seededRandom, textMaker, encodeAll } = require('./goldenlib');
+const rnd = seededRandom(0x5eed5eed);
 
 const atoms = [
   'a', 'the', ' the', 'Hello', ' world', 'cats', ' cats the', 'dog', ' ', '  ', '   ', '    ', '\t', '\n', '\n\n', '\r\n', ' \n ',
@@ -46,12 +40,6 @@ const atoms = [
   '<｜begin▁of▁sentence｜>', '<｜User｜>', '<｜Assistant｜>', '<bos>', '<eos>', '<0x41>', '▁▁▁▁',
 ];
 
-function randomText() {
-  const n = 1 + Math.floor(rnd() * 24);
-  let s = '';
-  for (let i = 0; i < n; i++) s += pick(atoms);
-  return s;
-}
 
 const hard = [
   '', ' ', '  ', 'a', ' a', 'a ', 'Hello world', ' Hello world', 'Hello  world', 'Hello   world   ', '\tHello\n\nworld\r\n', 'x' + ' '.repeat(40) + 'y',
@@ -62,22 +50,9 @@ const hard = [
   'def f(x):\n    return x  # comment\n', '    indented\n        more', 'a'.repeat(300), ' '.repeat(300), '\u2581'.repeat(40), 'ab'.repeat(150),
   "I'm sure you'll see they've said it's 'quoted'", '1234567890 3.14159 1,000,000',
 ];
+const texts = textMaker(rnd, atoms, hard);
 
-function texts(count) {
-  const out = hard.slice();
-  while (out.length < count) out.push(randomText());
-  return out;
-}
 
-async function encodeAll(tok, list, tokSpecial) {
-  const out = [];
-  for (const text of list) {
-    const plain = await tok.encode(text, null, { addSpecialTokens: false });
-    const withSpecial = await (tokSpecial || tok).encode(text, null, { addSpecialTokens: true });
-    out.push({ text, ids: plain.getIds(), ids_special: withSpecial.getIds() });
-  }
-  return out;
-}
 
 // learnModel learns a small SentencePiece-style BPE vocabulary (characters, "▁" for spaces,
 // <0xNN> byte tokens) from the script's own corpus, with counts broken by first occurrence so
