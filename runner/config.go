@@ -818,12 +818,12 @@ func (c *Config) validateTokenizer() error {
 			return c.invalid("DYN_EPP_TOKENIZER_DIR", c.TokenizerDir, "is required when DYN_EPP_TOKENIZER_PROTOCOL=local (or set DYN_EPP_TOKENIZERS)")
 		}
 		if c.TokenizerDir != "" {
-			if _, err := tokenizer.ResolveDir(c.TokenizerDir, c.ModelName); err != nil {
+			if err := checkTokenizerDir(c.TokenizerDir, c.ModelName); err != nil {
 				return fmt.Errorf("invalid %s %q: %w", c.name("DYN_EPP_TOKENIZER_DIR"), c.TokenizerDir, err)
 			}
 		}
 		for model, dir := range c.Tokenizers {
-			if _, err := tokenizer.ResolveDir(dir, model); err != nil {
+			if err := checkTokenizerDir(dir, model); err != nil {
 				return fmt.Errorf("invalid %s %q: %w", c.name("DYN_EPP_TOKENIZERS")+"["+model+"]", dir, err)
 			}
 		}
@@ -856,6 +856,22 @@ func (c *Config) validateTokenizer() error {
 	}
 	if c.ImageTokens < 0 {
 		return c.invalid("DYN_EPP_IMAGE_TOKENS", c.ImageTokens, "must be >= 0")
+	}
+	return nil
+}
+
+// checkTokenizerDir accepts an existing directory (Start resolves and loads it, reporting what
+// is missing there) or a value tokenizer.ResolveDir finds in the Hugging Face cache (a model id).
+func checkTokenizerDir(dir, model string) error {
+	st, err := os.Stat(dir)
+	if err == nil {
+		if !st.IsDir() {
+			return errors.New("not a directory")
+		}
+		return nil
+	}
+	if _, rerr := tokenizer.ResolveDir(dir, model); rerr != nil {
+		return rerr
 	}
 	return nil
 }

@@ -181,3 +181,31 @@ func BenchmarkVLLMRenderDecision(b *testing.B) {
 		}
 	}
 }
+
+// TestRenderURLsPerModel checks DYN_EPP_TOKENIZER_SERVICE_URLS: a listed model calls its own
+// render server, every other model the default one.
+func TestRenderURLsPerModel(t *testing.T) {
+	a, b := newRenderStub(t), newRenderStub(t)
+	cfg := DefaultConfig()
+	cfg.TokenizerServiceURL = a.srv.URL
+	cfg.TokenizerServiceURLs = ModelDirs{"vision": b.srv.URL}
+	set, err := loadTokenizers(cfg, *testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for model, stub := range map[string]*renderStub{"vision": b, "text": a} {
+		tk, err := set.ForModel(model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tk.TokenizeChat([]byte(`{"messages":[]}`)); err != nil {
+			t.Fatal(err)
+		}
+		stub.mu.Lock()
+		n := len(stub.calls)
+		stub.mu.Unlock()
+		if n != 1 {
+			t.Fatalf("model %q: its render server saw %d calls, want 1", model, n)
+		}
+	}
+}
