@@ -46,6 +46,9 @@ func (s *Service) inspect(req *InspectRequest) (inspection, error) {
 	if in.key.RoutingGroup == "" {
 		in.key.RoutingGroup = DefaultPartitionName
 	}
+	if err := validatePartition(in.key.ModelName, in.key.RoutingGroup); err != nil {
+		return in, err
+	}
 	var err error
 	if in.eff, err = s.resolveOverride(req.Override); err != nil {
 		return in, err

@@ -36,7 +36,7 @@ func TestReserveErrorsAreTyped(t *testing.T) {
 			picker.KindNotFound, "schedulable worker 1 (dp_rank 1) not found for model:default"},
 		{"an explicit booking in a missing partition is not ready",
 			picker.ReservationRequest{ModelName: "nope", SelectionID: "x", WorkerID: id(1), Prompt: picker.Prompt{TokenIDs: tokens(4)}},
-			picker.KindNotReady, "no schedulable workers for nope:default"},
+			picker.KindNotReady, "no schedulable workers for nope:default: there is no partition nope:default (registered models: model)"},
 		{"an explicit prefill above the isl is a bad request",
 			picker.ReservationRequest{ModelName: "model", SelectionID: "x", WorkerID: id(1), Prompt: picker.Prompt{TokenIDs: tokens(4)}, EffectivePrefillTokens: u64(5)},
 			picker.KindBadRequest, "effective_prefill_tokens (5) must not exceed isl_tokens (4)"},

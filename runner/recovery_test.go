@@ -7,31 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kvepp/kvepp/picker"
 )
-
-func TestParsePartitionKey(t *testing.T) {
-	tests := []struct {
-		name, key string
-		want      picker.PartitionKey
-		wantErr   bool
-	}{
-		{"a plain key splits at the colon", "m:default", picker.PartitionKey{ModelName: "m", RoutingGroup: "default"}, false},
-		{"a model name with a colon keeps it", "llama3:8b:g1", picker.PartitionKey{ModelName: "llama3:8b", RoutingGroup: "g1"}, false},
-		{"a key without a colon is rejected", "model", picker.PartitionKey{}, true},
-		{"a key with an empty group is rejected", "model:", picker.PartitionKey{}, true},
-		{"a key with an empty model is rejected", ":group", picker.PartitionKey{}, true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parsePartitionKey(tc.key)
-			if (err != nil) != tc.wantErr || got != tc.want {
-				t.Fatalf("got %+v, %v", got, err)
-			}
-		})
-	}
-}
 
 func TestStartupRecoveryFromAPeerDump(t *testing.T) {
 	const k = 6

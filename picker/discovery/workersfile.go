@@ -52,7 +52,8 @@ type Defaults struct {
 // ParseWorkers decodes a workers file: a YAML or JSON list of worker records in the POST /workers
 // schema (selection-service.md §4.1), parsed with sigs.k8s.io/yaml. Unknown fields are rejected so a
 // misspelt key is an error rather than a silently incomplete worker; every record needs worker_id
-// and ids must be unique. Defaults fill block_size, model_name, max_num_batched_tokens and
+// and ids must be unique, and model_name and routing_group must pass picker.ValidateName (a file
+// cannot register a name the API would refuse). Defaults fill block_size, model_name, max_num_batched_tokens and
 // total_kv_blocks where omitted. Only an explicit empty list ([] in YAML or JSON) means "no
 // workers": an empty or whitespace-only file, and a document that decodes to nothing (only
 // comments, only "---" separators, null or ~), are errors, so a truncated or half-written file
@@ -98,6 +99,11 @@ func ParseWorkers(data []byte, d Defaults) ([]picker.WorkerRecord, error) {
 		}
 		if rec.ModelName == "" && d.ModelName != "" {
 			rec.ModelName = d.ModelName
+		}
+		for _, f := range []struct{ field, name string }{{"model_name", rec.ModelName}, {"routing_group", rec.RoutingGroup}} {
+			if err := picker.ValidateName(f.field, f.name); err != nil {
+				return nil, fmt.Errorf("worker record %d (worker_id %d): %w", i, rec.WorkerID, err)
+			}
 		}
 		if rec.MaxNumBatchedTokens == nil && d.MaxNumBatchedTokens > 0 {
 			v := d.MaxNumBatchedTokens
