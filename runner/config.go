@@ -92,6 +92,9 @@ type Config struct {
 	MaxInflightRequests int `env:"DYN_EPP_MAX_INFLIGHT_REQUESTS" envDefault:"1024" flag:"max-inflight-requests" help:"concurrent requests in the routing phase"`
 	// MaxDestinations is the destination list length (1 = primary only).
 	MaxDestinations int `env:"DYN_EPP_MAX_DESTINATIONS" envDefault:"1" flag:"max-destinations" help:"destinations per routing reply (primary + fallbacks)"`
+	// RequestBodyTimeout bounds the wait from a request's headers to the end of its body
+	// (DYN_EPP_REQUEST_BODY_TIMEOUT_SECS, seconds, > 0); a body that has not ended by then → 408.
+	RequestBodyTimeout Seconds `env:"DYN_EPP_REQUEST_BODY_TIMEOUT_SECS" envDefault:"60" flag:"request-body-timeout-secs" help:"bound on a request body's arrival, seconds (then 408)"`
 	// DrainTimeout is the graceful drain window after SIGTERM (DYN_EPP_DRAIN_TIMEOUT_SECS, seconds).
 	DrainTimeout Seconds `env:"DYN_EPP_DRAIN_TIMEOUT_SECS" envDefault:"15" flag:"drain-timeout-secs" help:"graceful drain window after SIGTERM, seconds"`
 	// SecureServing enables TLS on the ext_proc port (alias DYN_SECURE_SERVING).
@@ -674,6 +677,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxDestinations < 1 {
 		return c.invalid("DYN_EPP_MAX_DESTINATIONS", c.MaxDestinations, "must be >= 1")
+	}
+	if c.RequestBodyTimeout <= 0 {
+		return c.invalid("DYN_EPP_REQUEST_BODY_TIMEOUT_SECS", c.RequestBodyTimeout.Duration().Seconds(), "must be > 0")
 	}
 	if c.CertPath != "" && !bool(c.SecureServing) {
 		return c.invalid("DYN_EPP_CERT_PATH", c.CertPath, "requires DYN_EPP_SECURE_SERVING=true")

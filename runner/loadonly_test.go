@@ -1,6 +1,8 @@
 package runner
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"os"
@@ -41,4 +43,56 @@ func TestLoadOnlyPicksHonourThePartitionWithTheRealCore(t *testing.T) {
 			t.Fatalf("pick %d: destination %q, immediate %+v; want the default group's worker 127.0.0.1:18101", i, ex.Destination, ex.Immediate)
 		}
 	}
+}
+
+// TestRequestsOfOneModelStayOnItsWorkersWithTheRealCore replays the audit's case with the real
+// core: model "m" on one worker, another model on two. Header-only GET /v1/models naming m in
+// x-gateway-model-name and gzip-encoded chat requests for m must all land on m's worker; the chat
+// requests are decoded, tokenized and booked (and freed when their responses end).
+func TestRequestsOfOneModelStayOnItsWorkersWithTheRealCore(t *testing.T) {
+	yml := "- {worker_id: 1, model_name: m, endpoint: 'http://127.0.0.1:18301', block_size: 16}\n" +
+		"- {worker_id: 2, model_name: other, endpoint: 'http://127.0.0.1:18302', block_size: 16}\n" +
+		"- {worker_id: 3, model_name: other, endpoint: 'http://127.0.0.1:18303', block_size: 16}\n"
+	path := filepath.Join(t.TempDir(), "workers.yaml")
+	if err := os.WriteFile(path, []byte(yml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := loopbackConfig(t)
+	cfg.WorkersFile = path
+	cfg.UseKVEvents = false
+	inst := startInstance(t, cfg)
+	client := extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC))
+	for i := 0; i < 100; i++ {
+		ex, err := client.Do(context.Background(), extproctest.Request{Method: "GET", Path: "/v1/models", HeaderOnly: true,
+			Headers: []extproctest.Header{{Key: "x-gateway-model-name", Value: "m"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ex.Immediate != nil || ex.Destination != "127.0.0.1:18301" {
+			t.Fatalf("GET /v1/models %d went to %q (immediate %+v), want m's worker", i, ex.Destination, ex.Immediate)
+		}
+	}
+	var gz bytes.Buffer
+	w := gzip.NewWriter(&gz)
+	if _, err := w.Write([]byte(`{"model":"m","messages":[{"role":"user","content":"hello there"}]}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 30; i++ {
+		ex, err := client.Do(context.Background(), extproctest.Request{Body: gz.Bytes(),
+			Headers:  []extproctest.Header{{Key: "content-encoding", Value: "gzip"}},
+			Response: &extproctest.Response{Chunks: [][]byte{[]byte(`{"choices":[]}`)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ex.Immediate != nil || ex.Destination != "127.0.0.1:18301" || !bytes.Equal(ex.Body, gz.Bytes()) {
+			t.Fatalf("gzip chat %d went to %q (immediate %+v), want m's worker with the body unchanged", i, ex.Destination, ex.Immediate)
+		}
+		if d := ex.DynamicMetadata.GetFields()["kvepp.decision"].GetStructValue().GetFields(); !d["booked"].GetBoolValue() {
+			t.Fatalf("gzip chat %d was not booked: %v", i, d)
+		}
+	}
+	waitNoLoad(t, inst.Addrs().Selection)
 }

@@ -395,6 +395,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		MaxRequestBodyBytes: cfg.MaxRequestBodyBytes,
 		MaxInflight:         cfg.MaxInflightRequests,
 		MaxDestinations:     cfg.MaxDestinations,
+		RequestBodyTimeout:  cfg.RequestBodyTimeout.Duration(),
 		Ready:               inst.Health.Ready,
 		Logger:              log.With().Str("component", "extproc").Logger(),
 	})
