@@ -66,7 +66,7 @@ func recoverIndex(ctx context.Context, svc *picker.Service, peers []string, time
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			log.Warn().Dur("timeout", timeout).Msg("index recovery gave up: no peer answered /dump; starting with an empty index")
+			log.Warn().Int64("timeout_ms", timeout.Milliseconds()).Msg("index recovery gave up: no peer answered /dump; starting with an empty index")
 			return false
 		case <-t.C:
 		}

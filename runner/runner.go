@@ -432,6 +432,9 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		Str("workers_file", cfg.WorkersFile).Str("tokenizer_protocol", cfg.EffectiveTokenizerProtocol()).
 		Bool("use_kv_events", bool(cfg.UseKVEvents)).
 		Msg("kvepp ready")
+	if cfg.EffectiveTokenizerProtocol() == TokenizerProtocolNone {
+		log.Warn().Msg("DYN_EPP_TOKENIZER_PROTOCOL=none: prompts are hashed from their raw bytes (approximate mode only); cache hits are learned from kvepp's own routing")
+	}
 	return inst, nil
 }
 
@@ -463,7 +466,7 @@ func (i *Instance) Stop(ctx context.Context) error {
 }
 
 func (i *Instance) stop(ctx context.Context) error {
-	i.log.Info().Dur("drain", i.cfg.DrainTimeout.Duration()).Msg("shutting down: readiness NOT_SERVING, draining")
+	i.log.Info().Int64("drain_ms", i.cfg.DrainTimeout.Duration().Milliseconds()).Msg("shutting down: readiness NOT_SERVING, draining")
 	i.Health.Drain()
 	if d := i.cfg.DrainTimeout.Duration(); d > 0 {
 		t := time.NewTimer(d)

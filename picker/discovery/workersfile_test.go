@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -331,6 +332,32 @@ func TestFileSource(t *testing.T) {
 		}
 		h.write("- worker_id: 1\n  endpoint: http://127.0.0.1:8001\n")
 		h.waitEndpoints(map[uint64]string{1: "http://127.0.0.1:8001"})
+	})
+
+	t.Run("one invalid content is logged and counted once however often it is read", func(t *testing.T) {
+		h := newHarness(t, twoWorkers)
+		h.start()
+		h.write("- worker_id: [garbled")
+		h.waitFor("the invalid file to be read", func() bool { return h.src.Stats().Reads >= 2 })
+		for i := 0; i < 3; i++ {
+			// Another file of the directory changes: the workers file is read again, unchanged.
+			reads := h.src.Stats().Reads
+			if err := os.WriteFile(filepath.Join(filepath.Dir(h.path), "sibling"), []byte(strconv.Itoa(i)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			h.waitFor("the workers file to be read again", func() bool { return h.src.Stats().Reads > reads })
+		}
+		if n := strings.Count(h.logs.String(), "keeping the current catalog"); n != 1 {
+			t.Fatalf("the invalid content was logged %d times:\n%s", n, h.logs.String())
+		}
+		if st := h.src.Stats(); st.InvalidFiles != 1 {
+			t.Fatalf("InvalidFiles = %d, want 1", st.InvalidFiles)
+		}
+		h.write("- worker_id: [garbled again")
+		h.waitFor("a different invalid content to be counted", func() bool { return h.src.Stats().InvalidFiles == 2 })
+		if n := strings.Count(h.logs.String(), "keeping the current catalog"); n != 2 {
+			t.Fatalf("a second invalid content was logged %d times in all, want 2", n)
+		}
 	})
 
 	for _, doc := range []struct{ what, content string }{
