@@ -7,11 +7,11 @@ package discovery
 
 import (
 	"bytes"
-	"hash/fnv"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"sort"
