@@ -477,6 +477,17 @@ func (b boolFlag) Set(s string) error { *b.val = s; return nil }
 // IsBoolFlag lets the flag be given without a value ("--secure-serving" means true).
 func (b boolFlag) IsBoolFlag() bool { return true }
 
+// commandsUsage opens `epp -h`: the commands, then the EPP's flags.
+const commandsUsage = `Usage:
+  epp [flags]                   run the endpoint picker (ext_proc, health, selection side port, metrics)
+  epp select-service [flags]    run only the HTTP selection service (epp select-service -h)
+  epp route [flags]             play Envoy for one request against a running EPP and print the decision (epp route -h)
+
+Every flag also has a DYN_* environment variable; flags win.
+
+Flags of epp:
+`
+
 // applyFlags parses args and copies every flag that was given into vars under its env name. It
 // returns env name → "--flag" for the settings the flags gave.
 func applyFlags(vars map[string]string, args []string, usage io.Writer) (map[string]string, error) {
@@ -485,6 +496,10 @@ func applyFlags(vars map[string]string, args []string, usage io.Writer) (map[str
 	}
 	fs := flag.NewFlagSet("epp", flag.ContinueOnError)
 	fs.SetOutput(usage)
+	fs.Usage = func() {
+		fmt.Fprint(usage, commandsUsage)
+		fs.PrintDefaults()
+	}
 	values := map[string]*string{}
 	byFlag := map[string]settingField{}
 	for _, s := range settingFields() {

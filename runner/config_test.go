@@ -356,7 +356,8 @@ func TestLoadConfigHelp(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("error = %v, want flag.ErrHelp", err)
 	}
-	for _, want := range []string{"-grpc-port", "env DYN_EPP_GRPC_PORT, default 9002", "-workers-file"} {
+	for _, want := range []string{"-grpc-port", "env DYN_EPP_GRPC_PORT, default 9002", "-workers-file",
+		"epp select-service [flags]", "epp route [flags]", "-request-body-timeout-secs"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("usage lacks %q:\n%s", want, out.String())
 		}

@@ -47,11 +47,15 @@ const shutdownGrace = 2 * time.Second
 // Run is the whole EPP process: it loads the configuration from the environment and args, starts
 // every component (Start), waits until ctx is cancelled (SIGTERM/SIGINT in cmd/epp) or a server
 // fails, and then shuts down gracefully (Instance.Stop). args[0] == "select-service" runs only the
-// HTTP selection service instead (RunSelectService). -h prints the flags and returns nil.
+// HTTP selection service instead (RunSelectService), args[0] == "route" plays Envoy for one
+// request against a running EPP (RunRoute). -h prints the commands and flags and returns nil.
 // registry holds the worker-selection policy providers; nil means catalog.Builtins().
 func Run(ctx context.Context, registry *catalog.Registry, args []string) error {
 	if len(args) > 0 && args[0] == SelectServiceCommand {
 		return RunSelectService(ctx, registry, args[1:])
+	}
+	if len(args) > 0 && args[0] == RouteCommand {
+		return RunRoute(ctx, args[1:], os.Stdout, os.Stderr)
 	}
 	cfg, err := LoadConfig(os.Environ(), args, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
