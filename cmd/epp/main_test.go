@@ -76,6 +76,17 @@ func TestEPPRunsTheREADMECommandAndStopsOnSIGTERM(t *testing.T) {
 	} else {
 		c.Close()
 	}
+	// The README's next step: one request played through the running EPP with epp route.
+	route := startEPP(t, nil, "route", "--addr", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--body", "examples/chat.json")
+	if err := route.Wait(); err != nil {
+		t.Fatalf("epp route: %v; output:\n%s", err, route.Output())
+	}
+	for _, want := range []string{"endpoint        127.0.0.1:800", "worker_id       ", "dp_rank         0",
+		"matched prefix  0 of ", "decision time   ", "booking         freed"} {
+		if !strings.Contains(route.Output(), want) {
+			t.Fatalf("epp route output lacks %q:\n%s", want, route.Output())
+		}
+	}
 	epp.Stop(t)
 	if !strings.Contains(epp.Output(), "kvepp stopped") {
 		t.Fatalf("no shutdown log; output:\n%s", epp.Output())
