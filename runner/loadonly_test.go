@@ -12,6 +12,21 @@ import (
 	"github.com/kvepp/kvepp/extproc/extproctest"
 )
 
+// startApproximate starts an approximate-mode EPP (DYN_ROUTER_USE_KV_EVENTS=false) whose workers
+// file holds yml, and returns it with an ext_proc client.
+func startApproximate(t *testing.T, yml string) (*Instance, *extproctest.Client) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "workers.yaml")
+	if err := os.WriteFile(path, []byte(yml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := loopbackConfig(t)
+	cfg.WorkersFile = path
+	cfg.UseKVEvents = false
+	inst := startInstance(t, cfg)
+	return inst, extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC))
+}
+
 // TestLoadOnlyPicksHonourThePartitionWithTheRealCore plays gzip-encoded requests (load-only picks,
 // epp.md §5.7) against the embedded selection core with two workers of the served model, one in
 // the EPP's routing group and one in another: every pick lands on the partition's worker, as a
@@ -22,15 +37,7 @@ func TestLoadOnlyPicksHonourThePartitionWithTheRealCore(t *testing.T) {
 		yml += fmt.Sprintf("- worker_id: %d\n  model_name: %s\n  routing_group: %s\n  endpoint: http://127.0.0.1:%d\n  block_size: 16\n",
 			i+1, e2eModel, group, 18101+i)
 	}
-	path := filepath.Join(t.TempDir(), "workers.yaml")
-	if err := os.WriteFile(path, []byte(yml), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg := loopbackConfig(t)
-	cfg.WorkersFile = path
-	cfg.UseKVEvents = false
-	inst := startInstance(t, cfg)
-	client := extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC))
+	_, client := startApproximate(t, yml)
 	for i := 0; i < 24; i++ {
 		ex, err := client.Do(context.Background(), extproctest.Request{
 			Body:    []byte{0x1f, 0x8b, 0x08},
@@ -53,15 +60,7 @@ func TestRequestsOfOneModelStayOnItsWorkersWithTheRealCore(t *testing.T) {
 	yml := "- {worker_id: 1, model_name: m, endpoint: 'http://127.0.0.1:18301', block_size: 16}\n" +
 		"- {worker_id: 2, model_name: other, endpoint: 'http://127.0.0.1:18302', block_size: 16}\n" +
 		"- {worker_id: 3, model_name: other, endpoint: 'http://127.0.0.1:18303', block_size: 16}\n"
-	path := filepath.Join(t.TempDir(), "workers.yaml")
-	if err := os.WriteFile(path, []byte(yml), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg := loopbackConfig(t)
-	cfg.WorkersFile = path
-	cfg.UseKVEvents = false
-	inst := startInstance(t, cfg)
-	client := extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC))
+	inst, client := startApproximate(t, yml)
 	for i := 0; i < 100; i++ {
 		ex, err := client.Do(context.Background(), extproctest.Request{Method: "GET", Path: "/v1/models", HeaderOnly: true,
 			Headers: []extproctest.Header{{Key: "x-gateway-model-name", Value: "m"}}})

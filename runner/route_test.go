@@ -17,15 +17,8 @@ import (
 // naming the status of a rejected request.
 func TestRouteShowsOneDecisionAndFreesItsBooking(t *testing.T) {
 	dir := t.TempDir()
-	workers := filepath.Join(dir, "workers.yaml")
-	yml := "- {worker_id: 1, model_name: '" + e2eModel + "', endpoint: 'http://127.0.0.1:18401', block_size: 16}\n"
-	if err := os.WriteFile(workers, []byte(yml), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg := loopbackConfig(t)
-	cfg.WorkersFile = workers
-	cfg.UseKVEvents = false // approximate mode: the first booking teaches the index its prefix
-	inst := startInstance(t, cfg)
+	// Approximate mode: the first booking teaches the index its prefix.
+	inst, _ := startApproximate(t, "- {worker_id: 1, model_name: '"+e2eModel+"', endpoint: 'http://127.0.0.1:18401', block_size: 16}\n")
 	body := filepath.Join(dir, "req.json")
 	prompt := strings.Repeat("Tell me about the history of the endpoint picker. ", 8)
 	if err := os.WriteFile(body, []byte(`{"model":"`+e2eModel+`","messages":[{"role":"user","content":"`+prompt+`"}]}`), 0o644); err != nil {

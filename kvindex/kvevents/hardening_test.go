@@ -24,6 +24,16 @@ func logged(level zerolog.Level) (kvevents.ManagerConfig, *syncbuf.Buffer) {
 	return kvevents.ManagerConfig{Logger: zerolog.New(b).Level(level)}, b
 }
 
+// loggedPublisher attaches pub as worker w1 to a Manager logging JSON at info into the returned
+// buffer.
+func loggedPublisher(t *testing.T, pub *kt.Publisher) (*kt.Publisher, *kvevents.Manager, *syncbuf.Buffer) {
+	t.Helper()
+	cfg, logs := logged(zerolog.InfoLevel)
+	m := newManager(t, cfg)
+	attachPublisher(t, m, pub, w1, kvindex.New(kvindex.Config{BlockSize: testBS}))
+	return pub, m, logs
+}
+
 func TestEachEventCountsUnderOneResult(t *testing.T) {
 	pub := kt.New(t, kt.Options{})
 	cfg, logs := logged(zerolog.InfoLevel)
@@ -106,9 +116,7 @@ func TestKVEventLogsReadWell(t *testing.T) {
 		for i := uint32(0); i < 3; i++ {
 			pub.Withhold(storeChain(1, i, i+1))
 		}
-		cfg, logs := logged(zerolog.InfoLevel)
-		m := newManager(t, cfg)
-		attachPublisher(t, m, pub, w1, kvindex.New(kvindex.Config{BlockSize: testBS}))
+		pub, m, logs := loggedPublisher(t, pub)
 		pub.Publish(storeChain(1, 3, 4))
 		waitNextSeq(t, m, w1, 0, 4)
 		if lost := logRecords(t, logs, "batches lost"); len(lost) != 0 {
@@ -120,10 +128,7 @@ func TestKVEventLogsReadWell(t *testing.T) {
 		}
 	})
 	t.Run("a gap after the start is still a warning", func(t *testing.T) {
-		pub := kt.New(t, kt.Options{})
-		cfg, logs := logged(zerolog.InfoLevel)
-		m := newManager(t, cfg)
-		attachPublisher(t, m, pub, w1, kvindex.New(kvindex.Config{BlockSize: testBS}))
+		pub, m, logs := loggedPublisher(t, kt.New(t, kt.Options{}))
 		pub.Publish(storeChain(1, 0, 1))
 		pub.PublishSeq(4, storeChain(2, 0, 2))
 		waitNextSeq(t, m, w1, 0, 5)
@@ -132,10 +137,7 @@ func TestKVEventLogsReadWell(t *testing.T) {
 		}
 	})
 	t.Run("the block-size warning has no duplicate keys", func(t *testing.T) {
-		pub := kt.New(t, kt.Options{})
-		cfg, logs := logged(zerolog.InfoLevel)
-		m := newManager(t, cfg)
-		attachPublisher(t, m, pub, w1, kvindex.New(kvindex.Config{BlockSize: testBS}))
+		pub, m, logs := loggedPublisher(t, kt.New(t, kt.Options{}))
 		pub.Publish(kt.Stored(nil, []uint64{1}, []uint32{1, 2}, 2))
 		waitNextSeq(t, m, w1, 0, 1)
 		raw := logs.String()
