@@ -185,19 +185,28 @@ func TestDeeplyNestedJSONIsReportedAsTooDeep(t *testing.T) {
 	checkImmediate(t, ex, 400, "invalid_request_error", "request body nests JSON deeper than 10000 levels")
 }
 
-func TestTheRoutingReplyCarriesTheDecision(t *testing.T) {
+func TestTheRoutingReplyCarriesTheDecisionOnRequest(t *testing.T) {
 	h := newHarness(t, nil)
-	ex := h.do(t, extproctest.Request{Body: []byte(`{"model":"m","messages":[{"role":"user","content":"hello"}]}`), Response: okResponse()})
+	ask := []extproctest.Header{{Key: extproc.DecisionHeader, Value: "1"}}
+	chat := []byte(`{"model":"m","messages":[{"role":"user","content":"hello"}]}`)
+	ex := h.do(t, extproctest.Request{Body: chat, Headers: ask, Response: okResponse()})
 	d := ex.DynamicMetadata.GetFields()[extproc.DecisionMetadataNamespace].GetStructValue().GetFields()
 	if d["matched_tokens"].GetNumberValue() != 32 || d["booked"].GetBoolValue() != true || d["prompt_tokens"] == nil {
 		t.Fatalf("decision metadata %v", d)
 	}
+	if !slices.Contains(ex.RemovedHeaders, extproc.DecisionHeader) {
+		t.Fatalf("%s is forwarded: removed %v", extproc.DecisionHeader, ex.RemovedHeaders)
+	}
 	if ex.RoutingLatency <= 0 {
 		t.Fatalf("routing latency %v", ex.RoutingLatency)
 	}
-	load := h.do(t, extproctest.Request{Method: "GET", Path: "/v1/models", HeaderOnly: true})
-	if d := load.DynamicMetadata.GetFields()[extproc.DecisionMetadataNamespace].GetStructValue().GetFields(); d["booked"].GetBoolValue() {
-		t.Fatalf("a load-only pick says it booked: %v", d)
+	load := h.do(t, extproctest.Request{Method: "GET", Path: "/v1/models", HeaderOnly: true, Headers: ask})
+	if d := load.DynamicMetadata.GetFields()[extproc.DecisionMetadataNamespace].GetStructValue().GetFields(); d == nil || d["booked"].GetBoolValue() {
+		t.Fatalf("load-only decision metadata %v", d)
+	}
+	plain := h.do(t, extproctest.Request{Body: chat, Response: okResponse()})
+	if _, ok := plain.DynamicMetadata.GetFields()[extproc.DecisionMetadataNamespace]; ok {
+		t.Fatal("the decision metadata was sent unasked")
 	}
 }
 

@@ -61,6 +61,8 @@ type requestHeaders struct {
 	modelName string
 	// contentLength, connection and upgrade detect complete and upgraded bodies (epp.md §4.1).
 	contentLength, connection, upgrade string
+	// decision is DecisionHeader: non-empty asks for the decision metadata.
+	decision string
 }
 
 // declaredLength is the content-length header as bytes, or -1 when absent or not a number.
@@ -120,6 +122,8 @@ func (h *requestHeaders) capture(m *corev3.HeaderMap) {
 			dst = &h.connection
 		case "upgrade":
 			dst = &h.upgrade
+		case DecisionHeader:
+			dst = &h.decision
 		default:
 			continue
 		}
@@ -885,7 +889,10 @@ func (st *stream) routingMutation(d *decision) *extprocv3.HeaderMutation {
 	}
 	remove := removedHeaders
 	if d.decoded {
-		remove = append(slices.Clip(removedHeaders), "content-encoding") // the rewritten body is forwarded plain
+		remove = append(slices.Clip(remove), "content-encoding") // the rewritten body is forwarded plain
+	}
+	if st.hdr.decision != "" {
+		remove = append(slices.Clip(remove), DecisionHeader)
 	}
 	return &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}
 }
@@ -894,7 +901,9 @@ func (st *stream) routingMutation(d *decision) *extprocv3.HeaderMutation {
 func (st *stream) sendRouting(d decision, headerOnly bool) error {
 	common := &extprocv3.CommonResponse{HeaderMutation: st.routingMutation(&d), ClearRouteCache: true}
 	md := lbMetadata(st.dest)
-	md.Fields[DecisionMetadataNamespace] = decisionMetadata(&d)
+	if st.hdr.decision != "" {
+		md.Fields[DecisionMetadataNamespace] = decisionMetadata(&d)
+	}
 	if !headerOnly && st.reqMode == filterv3.ProcessingMode_BUFFERED {
 		if d.rewritten {
 			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: d.body}}

@@ -81,7 +81,7 @@ func TestRequestsOfOneModelStayOnItsWorkersWithTheRealCore(t *testing.T) {
 	}
 	for i := 0; i < 30; i++ {
 		ex, err := client.Do(context.Background(), extproctest.Request{Body: gz.Bytes(),
-			Headers:  []extproctest.Header{{Key: "content-encoding", Value: "gzip"}},
+			Headers:  []extproctest.Header{{Key: "content-encoding", Value: "gzip"}, {Key: "x-kvepp-decision", Value: "1"}},
 			Response: &extproctest.Response{Chunks: [][]byte{[]byte(`{"choices":[]}`)}}})
 		if err != nil {
 			t.Fatal(err)

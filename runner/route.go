@@ -73,6 +73,7 @@ func RunRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		return fmt.Errorf("route: unexpected argument %q", fs.Arg(0))
 	}
+	headers = append(headers, extproctest.Header{Key: extproc.DecisionHeader, Value: "1"}) // ask for the decision metadata
 	req := extproctest.Request{Method: *method, Path: *path, Headers: headers, HeaderOnly: *bodyFile == "", Response: routeResponse}
 	if *bodyFile != "" {
 		var err error
