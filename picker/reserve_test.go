@@ -222,6 +222,10 @@ func TestRestorePartition(t *testing.T) {
 		if err := s.RestorePartition(modelDefault, 0, nil); err == nil {
 			t.Error("block size 0 accepted")
 		}
+		if err := s.RestorePartition(picker.PartitionKey{ModelName: "m\x00", RoutingGroup: "default"}, 4, nil); err == nil ||
+			!strings.Contains(err.Error(), "control character") {
+			t.Errorf("a name no registration could make = %v", err)
+		}
 		mustUpsert(t, s, worker(1))
 		if err := s.RestorePartition(modelDefault, 16, dump.Events); err == nil || !strings.Contains(err.Error(), "block_size") {
 			t.Errorf("block size clash = %v", err)
