@@ -97,10 +97,22 @@ var (
 	errModelType = picker.Errorf(picker.KindBadRequest, "\"model\" must be a string")
 )
 
+// errTooDeep is the 400 of a body that is valid JSON except for its nesting depth.
+var errTooDeep = picker.Errorf(picker.KindBadRequest, "request body nests JSON deeper than %d levels", maxJSONDepth)
+
 // parseBody validates body as a JSON object (one pass, validJSON's grammar) and extracts the routing
-// fields of its top level. It returns errNotJSON or errNotObject (both 400) for bodies that are not
-// JSON objects, and errModelType when model is present but not a string.
+// fields of its top level. It returns errNotJSON, errTooDeep or errNotObject (all 400) for bodies
+// that are not JSON objects, and errModelType when model is present but not a string.
 func parseBody(body []byte) (*parsedBody, error) {
+	p, err := scanBody(body)
+	if err == errNotJSON && nestsTooDeep(body) {
+		return nil, errTooDeep
+	}
+	return p, err
+}
+
+// scanBody is parseBody without the nesting diagnosis.
+func scanBody(body []byte) (*parsedBody, error) {
 	i := skipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		if validJSON(body) {

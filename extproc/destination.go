@@ -24,6 +24,15 @@ const (
 	SubsetHintKey = "x-gateway-destination-endpoint-subset"
 	// ServedEndpointKey is the response-phase envoy.lb key naming the endpoint that actually served.
 	ServedEndpointKey = "x-gateway-destination-endpoint-served"
+	// DecisionMetadataNamespace is the dynamic-metadata namespace in which the routing reply
+	// describes the decision when the request carries DecisionHeader, for access logs and `epp
+	// route`: "booked" (bool), and for a booked pick "matched_tokens" (the chosen worker's
+	// longest_matched) and "prompt_tokens".
+	DecisionMetadataNamespace = "kvepp.decision"
+	// DecisionHeader is the request header ("x-kvepp-decision", any non-empty value) that asks for
+	// the DecisionMetadataNamespace metadata. It is removed from the forwarded request. Opt-in, so
+	// the routing reply of ordinary requests stays as small as the protocol needs.
+	DecisionHeader = "x-kvepp-decision"
 )
 
 // endpointHostPort turns a worker endpoint URL ("http://10.0.0.1:8000", "http://[::1]:8000", or a
@@ -175,6 +184,16 @@ func lbMetadata(dest string) *structpb.Struct {
 			DestinationHeader: structpb.NewStringValue(dest),
 		}}),
 	}}
+}
+
+// decisionMetadata is the DecisionMetadataNamespace value of a routing reply.
+func decisionMetadata(d *decision) *structpb.Value {
+	f := map[string]*structpb.Value{"booked": structpb.NewBoolValue(d.booked)}
+	if d.booked {
+		f["matched_tokens"] = structpb.NewNumberValue(float64(d.sel.Overlap.LongestMatched))
+		f["prompt_tokens"] = structpb.NewNumberValue(float64(d.sel.ISLTokens))
+	}
+	return structpb.NewStructValue(&structpb.Struct{Fields: f})
 }
 
 // splitHostPort is net.SplitHostPort.

@@ -12,6 +12,14 @@
 // closes. Every request-level failure becomes an ImmediateResponse (one status table, epp.md §8);
 // gRPC errors are reserved for protocol violations (unsupported body modes, observability mode).
 //
+// Beyond the spec's flow: gzip and deflate request bodies are decoded (within the body limit) and
+// routed like plain ones; a request's model comes from the body's model or the
+// x-gateway-model-name header, for load-only picks too; a body that reaches its declared
+// content-length is routed without waiting for an end of stream that an upgraded connection never
+// sends, upgrade requests on inference paths are refused, and a body that has not ended within
+// Config.RequestBodyTimeout is answered 408; on request (DecisionHeader) the routing reply
+// describes the decision in the DecisionMetadataNamespace dynamic metadata.
+//
 // The package also provides Health, the gRPC health service of epp.md §9, and UsageParser, the
 // response usage parser of epp.md §6.4. The Envoy emulator used by tests lives in
 // extproc/extproctest.

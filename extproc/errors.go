@@ -22,6 +22,8 @@ const (
 	KindTokenizerTimeout picker.Kind = "tokenizer_timeout"
 	// KindTokenizerError: tokenizer 5xx, malformed or oversize tokenizer response (502).
 	KindTokenizerError picker.Kind = "tokenizer_error"
+	// KindRequestTimeout: the request body did not end within RequestBodyTimeout (408).
+	KindRequestTimeout picker.Kind = "request_timeout"
 )
 
 // RejectReasonHeader is the response header naming the error.type of an ImmediateResponse
@@ -42,6 +44,7 @@ var statusTable = map[picker.Kind]rejection{
 	KindModelNotFound:        {404, "model_not_found"},
 	picker.KindNotFound:      {404, "not_found_error"},
 	KindRequestTooLarge:      {413, "request_too_large"},
+	KindRequestTimeout:       {408, "request_timeout"},
 	picker.KindOverloaded:    {429, "overloaded"},
 	"queue_rejected":         {429, "overloaded"},
 	picker.KindNotReady:      {503, "service_unavailable"},

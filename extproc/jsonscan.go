@@ -177,3 +177,30 @@ func validJSON(b []byte) bool {
 	end, ok := validValue(b, skipWS(b, 0), 0)
 	return ok && skipWS(b, end) == len(b)
 }
+
+// nestsTooDeep reports whether b opens more than maxJSONDepth arrays or objects at once (outside
+// strings), which validValue refuses: it tells an over-deep body from malformed JSON for the error
+// message.
+func nestsTooDeep(b []byte) bool {
+	depth, inString := 0, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case inString:
+			if c == '\\' {
+				i++
+			} else if c == '"' {
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			if depth++; depth > maxJSONDepth {
+				return true
+			}
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return false
+}

@@ -30,6 +30,8 @@ const (
 	MaxStreamedChunkBytes = 62000
 	// MaxSessionIDBytes is the longest accepted x-dynamo-session-id / parent session id (epp.md §8).
 	MaxSessionIDBytes = 256
+	// DefaultRequestBodyTimeout is DYN_EPP_REQUEST_BODY_TIMEOUT_SECS' default: 60 s.
+	DefaultRequestBodyTimeout = 60 * time.Second
 )
 
 // Config configures a Server. Picker and Tokenizers are required; zero values of the other fields
@@ -62,6 +64,10 @@ type Config struct {
 	// ReleaseTimeout bounds Free and PrefillComplete calls made after the stream context ended
 	// (default DefaultReleaseTimeout).
 	ReleaseTimeout time.Duration
+	// RequestBodyTimeout is DYN_EPP_REQUEST_BODY_TIMEOUT_SECS: how long a request may take from its
+	// headers to the end of its body before it is answered 408 (default
+	// DefaultRequestBodyTimeout).
+	RequestBodyTimeout time.Duration
 }
 
 // Server is the ext_proc v3 ExternalProcessor (epp.md §4–§8). Create it with NewServer and register
@@ -98,6 +104,9 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.MaxDestinations < 0 {
 		return nil, fmt.Errorf("extproc: MaxDestinations %d must be > 0", cfg.MaxDestinations)
 	}
+	if cfg.RequestBodyTimeout < 0 {
+		return nil, fmt.Errorf("extproc: RequestBodyTimeout %v must be > 0", cfg.RequestBodyTimeout)
+	}
 	if cfg.MaxRequestBodyBytes == 0 {
 		cfg.MaxRequestBodyBytes = DefaultMaxRequestBodyBytes
 	}
@@ -109,6 +118,9 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	if cfg.ReleaseTimeout <= 0 {
 		cfg.ReleaseTimeout = DefaultReleaseTimeout
+	}
+	if cfg.RequestBodyTimeout == 0 {
+		cfg.RequestBodyTimeout = DefaultRequestBodyTimeout
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics()
@@ -145,7 +157,11 @@ func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 	st := newStream(s, ps)
 	clean := false
-	defer func() { st.finish(clean) }()
+	defer func() {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		st.finish(clean)
+	}()
 	for {
 		req, err := ps.Recv()
 		if err != nil {
@@ -155,7 +171,10 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 			}
 			return err
 		}
-		if err := st.handle(req); err != nil {
+		st.mu.Lock()
+		err = st.handle(req)
+		st.mu.Unlock()
+		if err != nil {
 			return err
 		}
 	}

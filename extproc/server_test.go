@@ -662,7 +662,7 @@ func TestPartitionResolution(t *testing.T) {
 		{"an unserved body model is a LoRA on DYN_MODEL_NAME", []string{"m"}, "m", `{"model":"adapter-1",` + msgs + `}`, "m", "adapter-1", 0},
 		{"an absent model with one partition uses it", []string{"m"}, "", `{` + msgs + `}`, "m", "", 0},
 		{"an absent model with DYN_MODEL_NAME uses it", []string{"m", "n"}, "n", `{` + msgs + `}`, "n", "", 0},
-		{"an absent model with two partitions is a 404", []string{"m", "n"}, "", `{` + msgs + `}`, "", "", 404},
+		{"an absent model with two partitions is a 400", []string{"m", "n"}, "", `{` + msgs + `}`, "", "", 400},
 		{"a null model counts as absent", []string{"m"}, "", `{"model":null,` + msgs + `}`, "m", "", 0},
 		{"an unknown model without DYN_MODEL_NAME is a 404", []string{"m"}, "", `{"model":"x",` + msgs + `}`, "", "", 404},
 	}
@@ -672,8 +672,12 @@ func TestPartitionResolution(t *testing.T) {
 			h.pk.models = tc.models
 			h.pk.workers["n"] = []picker.WorkerState{worker(9, "n", "http://10.0.0.9:8000")}
 			ex := h.do(t, extproctest.Request{Body: []byte(tc.body), Response: okResponse()})
-			if tc.wantStatus != 0 {
+			switch tc.wantStatus {
+			case 404:
 				checkImmediate(t, ex, tc.wantStatus, "model_not_found", "is not served")
+				return
+			case 400:
+				checkImmediate(t, ex, tc.wantStatus, "invalid_request_error", "the request names no model and 2 models are served")
 				return
 			}
 			selects, _, _, _, _ := h.pk.snapshot()

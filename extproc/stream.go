@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kvepp/kvepp/internal/excerpt"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -53,6 +56,36 @@ type requestHeaders struct {
 	method, path, contentType, contentEncoding  string
 	tenant, priority, strictPriority, requestID string
 	sessionID, parentSessionID, policyClass     string
+	// modelName is x-gateway-model-name, which the Gateway API Inference Extension's body-based
+	// routing sets from the body's model.
+	modelName string
+	// contentLength, connection and upgrade detect complete and upgraded bodies (epp.md §4.1).
+	contentLength, connection, upgrade string
+	// decision is DecisionHeader: non-empty asks for the decision metadata.
+	decision string
+}
+
+// declaredLength is the content-length header as bytes, or -1 when absent or not a number.
+func (h *requestHeaders) declaredLength() int64 {
+	n, err := strconv.ParseInt(strings.TrimSpace(h.contentLength), 10, 64)
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
+}
+
+// upgrading reports a request that asks for a protocol upgrade (connection: upgrade, or an
+// upgrade header): Envoy then streams its body without ever ending it (envoyproxy/envoy#47081).
+func (h *requestHeaders) upgrading() bool {
+	if strings.TrimSpace(h.upgrade) != "" {
+		return true
+	}
+	for _, tok := range strings.Split(h.connection, ",") {
+		if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
+			return true
+		}
+	}
+	return false
 }
 
 func (h *requestHeaders) capture(m *corev3.HeaderMap) {
@@ -81,6 +114,16 @@ func (h *requestHeaders) capture(m *corev3.HeaderMap) {
 			dst = &h.policyClass
 		case "x-request-id":
 			dst = &h.requestID
+		case "x-gateway-model-name":
+			dst = &h.modelName
+		case "content-length":
+			dst = &h.contentLength
+		case "connection":
+			dst = &h.connection
+		case "upgrade":
+			dst = &h.upgrade
+		case DecisionHeader:
+			dst = &h.decision
 		default:
 			continue
 		}
@@ -114,6 +157,17 @@ type stream struct {
 	s   *Server
 	ps  extprocv3.ExternalProcessor_ProcessServer
 	ctx context.Context
+
+	// mu serializes message handling with the body timer (bodyTimer), the only other goroutine
+	// that touches the stream.
+	mu sync.Mutex
+	// bodyTimer answers 408 when the body has not ended within RequestBodyTimeout.
+	bodyTimer *time.Timer
+	// eosByLength marks a body routed when it reached its declared content-length (its re-stream
+	// then leaves end_of_stream to the request's own end); passthrough marks an upgraded request on
+	// a non-inference path, routed at its headers. The request messages that follow either are
+	// echoed.
+	eosByLength, passthrough bool
 
 	first             bool
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
@@ -253,10 +307,22 @@ func (st *stream) onRequestHeaders(h *extprocv3.HttpHeaders) error {
 	if strings.TrimSpace(st.hdr.requestID) == "" {
 		st.generatedID = uuid.NewString()
 	}
+	if st.hdr.upgrading() {
+		st.endBody()
+		if classify(st.hdr.method, st.hdr.path) != kindOther {
+			return st.reject(errUpgrade)
+		}
+		// Another path (a WebSocket, say): route at the headers and echo the upgraded stream.
+		st.passthrough = true
+		return st.routeAndReply(true)
+	}
 	if h.GetEndOfStream() || st.reqMode == filterv3.ProcessingMode_NONE {
 		// Header-only request (epp.md §4.3) or body mode NONE: load-only pick, immediate reply.
-		st.eos, st.eosAt = true, time.Now()
+		st.endBody()
 		return st.routeAndReply(true)
+	}
+	if d := st.s.cfg.RequestBodyTimeout; d > 0 {
+		st.bodyTimer = time.AfterFunc(d, st.bodyTimedOut)
 	}
 	if st.reqMode == filterv3.ProcessingMode_BUFFERED {
 		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
@@ -270,6 +336,10 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) error {
 	switch {
 	case st.phase == phaseRejected:
 		return nil // after a 413 (or any rejection) the rest of the request is ignored
+	case st.passthrough || st.eosByLength:
+		// An upgraded stream, or what follows a body routed at its content-length (its end of
+		// stream, if it ever comes): passed through as it arrives.
+		return st.echoRequestBody(b)
 	case st.eos:
 		st.s.metrics.duplicateEOS.Add(1)
 		st.s.log.Debug().Str("request_id", st.requestID()).Int("bytes", len(b.GetBody())).
@@ -287,11 +357,56 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) error {
 	}
 	last := b.GetEndOfStream() || st.reqMode == filterv3.ProcessingMode_BUFFERED
 	st.appendBody(chunk, last)
+	if !last && st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		// A body that reached its declared length is complete, even if its end of stream never
+		// comes (an upgraded connection, envoyproxy/envoy#47081).
+		if n := st.hdr.declaredLength(); n >= 0 && int64(len(st.body)) >= n {
+			last, st.eosByLength = true, true
+		}
+	}
 	if !last {
 		return nil
 	}
-	st.eos, st.eosAt = true, time.Now()
+	st.endBody()
 	return st.routeAndReply(false)
+}
+
+// endBody records the end of the request body (end of stream, trailers, declared length, or no
+// body at all) and stops the body timer.
+func (st *stream) endBody() {
+	st.eos, st.eosAt = true, time.Now()
+	if st.bodyTimer != nil {
+		st.bodyTimer.Stop()
+	}
+}
+
+// errUpgrade is the 400 for an upgrade request on an inference path.
+var errUpgrade = picker.Errorf(picker.KindBadRequest,
+	"upgrade requests (connection: upgrade) are not supported on inference paths: the body of an upgraded request never ends, so its prompt cannot be read; send the request without the upgrade headers")
+
+// bodyTimedOut runs on the body timer's goroutine: a request whose body has not ended within
+// RequestBodyTimeout (DYN_EPP_REQUEST_BODY_TIMEOUT_SECS) is answered 408.
+func (st *stream) bodyTimedOut() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.eos || (st.phase != phaseHeaders && st.phase != phaseAccumulating) {
+		return
+	}
+	st.eos = true
+	_ = st.reject(picker.Errorf(KindRequestTimeout,
+		"the request body did not end within %s (DYN_EPP_REQUEST_BODY_TIMEOUT_SECS): %d bytes arrived without end of stream",
+		st.s.cfg.RequestBodyTimeout, len(st.body)))
+}
+
+// echoRequestBody passes a request body message through unchanged (the request was already
+// routed: an upgraded stream, or the rest of a body routed at its content-length).
+func (st *stream) echoRequestBody(b *extprocv3.HttpBody) error {
+	if st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return st.send(streamedBody(b.GetBody(), b.GetEndOfStream()))
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+		RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
+	}})
 }
 
 // appendBody adds chunk to the request body. A body that arrives as one final chunk is used in place;
@@ -318,7 +433,8 @@ func (st *stream) onRequestTrailers() error {
 	}
 	if !st.eos && st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED &&
 		(st.phase == phaseHeaders || st.phase == phaseAccumulating) {
-		st.eos, st.trailers, st.eosAt = true, true, time.Now()
+		st.trailers = true
+		st.endBody()
 		return st.routeAndReply(false)
 	}
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
@@ -332,6 +448,9 @@ type decision struct {
 	booked    bool
 	body      []byte // forwarded body
 	rewritten bool
+	// decoded marks a rewritten body that was decoded from a content coding: it is forwarded
+	// plain, so content-encoding is removed.
+	decoded bool
 }
 
 // routeAndReply routes the complete request and sends the routing reply, or an ImmediateResponse.
@@ -375,11 +494,21 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 		return decision{}, picker.Errorf(picker.KindNotReady, "the endpoint picker is not ready")
 	}
 	kind := classify(st.hdr.method, st.hdr.path)
-	enc := strings.ToLower(strings.TrimSpace(st.hdr.contentEncoding))
-	if headerOnly || kind == kindOther || (enc != "" && enc != "identity") {
-		return st.loadOnlyPick(st.peekModel(enc == "" || enc == "identity"))
+	plain, readable := []byte(nil), false
+	if !headerOnly {
+		var err error
+		if plain, readable, err = st.readableBody(); err != nil {
+			return decision{}, err
+		}
 	}
-	pb, err := parseBody(st.body)
+	if headerOnly || kind == kindOther || !readable {
+		model, err := st.loadOnlyModel(plain, readable)
+		if err != nil {
+			return decision{}, err
+		}
+		return st.loadOnlyPick(model)
+	}
+	pb, err := parseBody(plain)
 	if err != nil {
 		return decision{}, err
 	}
@@ -389,9 +518,13 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 		return decision{}, err
 	}
 	if kind == kindResponses && pb.previousResponseID {
-		return st.loadOnlyPick(st.loadOnlyModel(pb.model))
+		model, _, err := st.resolveModel(st.requestModel(pb), true)
+		if err != nil {
+			return decision{}, err
+		}
+		return st.loadOnlyPick(model)
 	}
-	partition, lora, err := st.resolvePartition(pb)
+	partition, lora, err := st.resolveModel(st.requestModel(pb), false)
 	if err != nil {
 		return decision{}, err
 	}
@@ -406,18 +539,19 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 	if tenant := strings.TrimSpace(st.hdr.tenant); tenant != "" {
 		namespace = tenant
 		if kind != kindResponses && !(len(pb.saltValues) == 1 && pb.cacheSalt == tenant) {
-			nb, err := pb.withCacheSalt(st.body, tenant)
+			nb, err := pb.withCacheSalt(plain, tenant)
 			if err != nil {
 				return decision{}, &picker.Error{Kind: picker.KindInternal, Message: err.Error(), Err: err}
 			}
-			d.body, d.rewritten = nb, true
+			d.body, d.rewritten, d.decoded = nb, true, contentCoding(st.hdr.contentEncoding) != codingIdentity
+			plain = nb
 		}
 	}
 	allowed, allowedSet, err := st.allowed(partition)
 	if err != nil {
 		return decision{}, err
 	}
-	tokens, mmItems, err := st.tokenize(kind, partition, d.body, src)
+	tokens, mmItems, err := st.tokenize(kind, partition, plain, src)
 	if err != nil {
 		return decision{}, err
 	}
@@ -455,31 +589,100 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 	return d, nil
 }
 
-// peekModel returns the model a load-only pick uses: the body's model when the body is an
-// identity-encoded JSON object naming a served model, else the configured or single model.
-func (st *stream) peekModel(parse bool) string {
-	if parse && len(st.body) > 0 {
-		if pb, err := parseBody(st.body); err == nil {
-			return st.loadOnlyModel(pb.model)
+// readableBody returns the request body as routing reads it: the body itself when it has no
+// content coding, the decoded body for gzip and deflate (decodeBody: more than
+// MaxRequestBodyBytes decoded is a 413), and readable false for any other coding or bytes that do
+// not decode (the request then gets a load-only pick, epp.md §5.7).
+func (st *stream) readableBody() (body []byte, readable bool, err error) {
+	switch coding := contentCoding(st.hdr.contentEncoding); coding {
+	case codingIdentity:
+		return st.body, true, nil
+	case codingUnsupported:
+		return nil, false, nil
+	default:
+		plain, err := decodeBody(coding, st.body, st.s.cfg.MaxRequestBodyBytes)
+		if errors.Is(err, errUndecodable) {
+			st.s.log.Debug().Err(err).Str("request_id", st.requestID()).Msg("request body does not decode; load-only pick")
+			return nil, false, nil
 		}
+		return plain, err == nil, err
 	}
-	return st.loadOnlyModel("")
 }
 
-// loadOnlyModel resolves the partition of a load-only pick without failing: the body model when
-// served, else ModelName, else the only served model, else "" (any model).
-func (st *stream) loadOnlyModel(bodyModel string) string {
+// namedModel is the model a request names and where it was read.
+type namedModel struct {
+	name string
+	// field is where it came from ("model" for the body, the header name otherwise), for errors.
+	field string
+	// fromBody marks the body's model, which alone can name a LoRA adapter (epp.md §5.5).
+	fromBody bool
+}
+
+// requestModel is the model a parsed request names: the body's model, else the
+// x-gateway-model-name header.
+func (st *stream) requestModel(pb *parsedBody) namedModel {
+	if pb.hasModel {
+		return namedModel{name: pb.model, field: "model", fromBody: true}
+	}
+	return st.headerModel()
+}
+
+// headerModel is the x-gateway-model-name header's model (name "" when absent).
+func (st *stream) headerModel() namedModel {
+	return namedModel{name: strings.TrimSpace(st.hdr.modelName), field: "x-gateway-model-name"}
+}
+
+// loadOnlyModel is the model of a load-only pick: the x-gateway-model-name header when present
+// (the Gateway API Inference Extension's body-based routing sets it), else the model of a
+// readable JSON body, resolved by resolveModel.
+func (st *stream) loadOnlyModel(body []byte, readable bool) (string, error) {
+	m := st.headerModel()
+	if m.name == "" && readable && len(body) > 0 {
+		if pb, err := parseBody(body); err == nil && pb.hasModel {
+			m = namedModel{name: pb.model, field: "model", fromBody: true}
+		}
+	}
+	model, _, err := st.resolveModel(m, true)
+	return model, err
+}
+
+// resolveModel implements the partition and LoRA rows of epp.md §5.5 for the model m a request
+// names: a served model is its own partition; else DYN_MODEL_NAME's partition, with a body model
+// as the LoRA adapter; a request naming no model uses the only served model. A model named but
+// neither served nor covered by DYN_MODEL_NAME is a 404. A request naming no model while several
+// are served is a 400 — except for a load-only pick (loadOnly), which then chooses among every
+// model's workers ("") because nothing in the request can tell them apart. The name must pass
+// picker.ValidateName (400).
+func (st *stream) resolveModel(m namedModel, loadOnly bool) (partition, lora string, err error) {
+	if m.name != "" {
+		if err := picker.ValidateName(m.field, m.name); err != nil {
+			return "", "", err
+		}
+	}
 	p := st.s.cfg.Picker
-	if bodyModel != "" && p.HasModel(bodyModel) {
-		return bodyModel
+	if m.name != "" && p.HasModel(m.name) {
+		return m.name, "", nil
 	}
-	if st.s.cfg.ModelName != "" {
-		return st.s.cfg.ModelName
+	if base := st.s.cfg.ModelName; base != "" {
+		if m.fromBody && m.name != base {
+			lora = m.name
+		}
+		return base, lora, nil
 	}
-	if ms := p.Models(); len(ms) == 1 {
-		return ms[0]
+	if m.name != "" {
+		return "", "", picker.Errorf(KindModelNotFound, "model %q is not served", excerpt.Of(m.name))
 	}
-	return ""
+	switch ms := p.Models(); {
+	case len(ms) == 1:
+		return ms[0], "", nil
+	case loadOnly:
+		return "", "", nil
+	case len(ms) == 0:
+		return "", "", picker.Errorf(picker.KindNotReady, "no model is served: no worker is registered")
+	default:
+		return "", "", picker.Errorf(picker.KindBadRequest,
+			"the request names no model and %d models are served; set \"model\" (or DYN_MODEL_NAME)", len(ms))
+	}
 }
 
 // loadOnlyPick is epp.md §5.7: no booking. The candidates are the workers of the partition the
@@ -504,26 +707,6 @@ func (st *stream) loadOnlyPick(model string) (decision, error) {
 		return decision{}, err
 	}
 	return decision{sel: sel, body: st.body}, nil
-}
-
-// resolvePartition implements the partition and LoRA rows of epp.md §5.5.
-func (st *stream) resolvePartition(pb *parsedBody) (partition, lora string, err error) {
-	p := st.s.cfg.Picker
-	if pb.hasModel && p.HasModel(pb.model) {
-		return pb.model, "", nil
-	}
-	if base := st.s.cfg.ModelName; base != "" {
-		if pb.hasModel && pb.model != base {
-			lora = pb.model
-		}
-		return base, lora, nil
-	}
-	if !pb.hasModel {
-		if ms := p.Models(); len(ms) == 1 {
-			return ms[0], "", nil
-		}
-	}
-	return "", "", picker.Errorf(KindModelNotFound, "model %q is not served", pb.model)
 }
 
 // allowed resolves the subset hint (epp.md §5.8) against the workers of model ("" = every served
@@ -722,13 +905,23 @@ func (st *stream) routingMutation(d *decision) *extprocv3.HeaderMutation {
 	if d.rewritten {
 		set = append(set, setHeader("content-length", strconv.Itoa(len(d.body))))
 	}
-	return &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: removedHeaders}
+	remove := removedHeaders
+	if d.decoded {
+		remove = append(slices.Clip(remove), "content-encoding") // the rewritten body is forwarded plain
+	}
+	if st.hdr.decision != "" {
+		remove = append(slices.Clip(remove), DecisionHeader)
+	}
+	return &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}
 }
 
 // sendRouting sends the routing reply for the request's body mode (epp.md §4.1, §4.2, §4.3).
 func (st *stream) sendRouting(d decision, headerOnly bool) error {
 	common := &extprocv3.CommonResponse{HeaderMutation: st.routingMutation(&d), ClearRouteCache: true}
 	md := lbMetadata(st.dest)
+	if st.hdr.decision != "" {
+		md.Fields[DecisionMetadataNamespace] = decisionMetadata(&d)
+	}
 	if !headerOnly && st.reqMode == filterv3.ProcessingMode_BUFFERED {
 		if d.rewritten {
 			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: d.body}}
@@ -754,7 +947,7 @@ func (st *stream) sendRouting(d decision, headerOnly bool) error {
 	for {
 		n := min(len(body), MaxStreamedChunkBytes)
 		last := n == len(body)
-		if err := st.send(streamedBody(body[:n], last && !st.trailers)); err != nil {
+		if err := st.send(streamedBody(body[:n], last && !st.trailers && !st.eosByLength)); err != nil {
 			return err
 		}
 		body = body[n:]
@@ -879,6 +1072,9 @@ func (st *stream) complete() {
 // finish runs when Process returns: free any booking still held and record the outcome.
 // cleanClose is true when Envoy closed the stream (io.EOF).
 func (st *stream) finish(cleanClose bool) {
+	if st.bodyTimer != nil {
+		st.bodyTimer.Stop()
+	}
 	if cleanClose && !st.completed && st.phase == phaseResponding && st.respMode == filterv3.ProcessingMode_NONE {
 		st.complete() // no body events: the response ends with the stream
 	}

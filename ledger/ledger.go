@@ -15,6 +15,8 @@ import (
 	"math/bits"
 	"sync"
 	"time"
+
+	"github.com/kvepp/kvepp/internal/excerpt"
 )
 
 // Candidate is one (worker, dp_rank) pair. It has the same shape as kvindex.Candidate and converts
@@ -87,7 +89,8 @@ type Config struct {
 }
 
 // Errors returned by the ledger; test with errors.Is. Returned errors wrap them and name the
-// offending selection_id (e.g. "reservation abc not found").
+// offending selection_id (e.g. "reservation abc not found"), quoting at most its first 100 bytes
+// followed by "…" (an id is client input and error bodies must stay bounded).
 var (
 	// ErrNotFound: the id is not a live booking (unknown, only claimed, or already released).
 	ErrNotFound = errors.New("reservation not found")
@@ -110,11 +113,11 @@ func (e *idError) Error() string { return e.msg }
 func (e *idError) Unwrap() error { return e.sentinel }
 
 func notFound(id string) error {
-	return &idError{msg: fmt.Sprintf("reservation %s not found", id), sentinel: ErrNotFound}
+	return &idError{msg: fmt.Sprintf("reservation %s not found", excerpt.Of(id)), sentinel: ErrNotFound}
 }
 
 func conflict(id string) error {
-	return &idError{msg: fmt.Sprintf("selection %s is already reserved or being reserved", id), sentinel: ErrConflict}
+	return &idError{msg: fmt.Sprintf("selection %s is already reserved or being reserved", excerpt.Of(id)), sentinel: ErrConflict}
 }
 
 // weightOne is weight 1.0 in the ledger's fixed-point block weights (units of 2^-32 block).
@@ -321,7 +324,7 @@ func (l *Ledger) OutputBlock(id string, decay *float64, hash uint64) error {
 	if decay != nil {
 		d := *decay
 		if !(d >= 0 && d <= 1) {
-			return fmt.Errorf("output_block %s: decay_fraction must be between 0.0 and 1.0, got %v: %w", id, d, ErrInvalid)
+			return fmt.Errorf("output_block %s: decay_fraction must be between 0.0 and 1.0, got %v: %w", excerpt.Of(id), d, ErrInvalid)
 		}
 		q = uint64(math.Round((1 - d) * weightOne))
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvepp/kvepp/internal/excerpt"
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/ledger"
 	"github.com/kvepp/kvepp/picker/queue"
@@ -162,8 +163,9 @@ type ReadyState struct {
 // source records who registered the worker; a worker once owned by discovery stays owned by
 // discovery (so discovery keeps reconciling it) even when the API updates it (epp.md §11.3).
 //
-// Errors: KindNotReady "selection service is shutting down"; KindBadRequest when the policy
-// factory fails for a new partition; ctx's error (KindInternal) when ctx is already done.
+// Errors: KindNotReady "selection service is shutting down"; KindBadRequest for a model_name or
+// routing_group that ValidateName refuses and when the policy factory fails for a new partition;
+// ctx's error (KindInternal) when ctx is already done.
 func (s *Service) UpsertWorker(ctx context.Context, rec WorkerRecord, source Source) (WorkerState, error) {
 	if s.shuttingDown.Load() {
 		return WorkerState{}, errShuttingDown()
@@ -176,6 +178,9 @@ func (s *Service) UpsertWorker(ctx context.Context, rec WorkerRecord, source Sou
 	}
 	if rec.RoutingGroup == "" {
 		rec.RoutingGroup = DefaultPartitionName
+	}
+	if err := validatePartition(rec.ModelName, rec.RoutingGroup); err != nil {
+		return WorkerState{}, err
 	}
 	if source == "" {
 		source = SourceAPI
@@ -381,7 +386,7 @@ func ValidateEndpoint(endpoint string) error {
 	if why == "" {
 		return nil
 	}
-	return fmt.Errorf("endpoint %q is invalid: %s", endpoint, why)
+	return fmt.Errorf("endpoint %q is invalid: %s", excerpt.Of(endpoint), why)
 }
 
 // endpointProblem returns why endpoint is not a usable worker URL, or "".
@@ -425,7 +430,7 @@ func badRankKeyReasons(endpoints map[string]string) []string {
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(endpoints)) {
 		if _, err := strconv.ParseUint(k, 10, 32); err != nil {
-			out = append(out, fmt.Sprintf("kv_events_endpoints key %q is not a dp_rank (want a decimal integer in 0..4294967295)", k))
+			out = append(out, fmt.Sprintf("kv_events_endpoints key %q is not a dp_rank (want a decimal integer in 0..4294967295)", excerpt.Of(k)))
 		}
 	}
 	return out

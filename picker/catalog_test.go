@@ -359,7 +359,7 @@ func TestUpsertMovesWorkerBetweenPartitions(t *testing.T) {
 
 	// The old partition is drained and not ready; its booking was released.
 	_, err = s.Select(ctxb(), tokenReq([]uint32{1, 2, 3, 4}, func(r *picker.SelectRequest) { r.RoutingGroup = "a" }))
-	wantKind(t, err, picker.KindNotReady, "no schedulable workers for model:a")
+	wantKind(t, err, picker.KindNotReady, "no schedulable workers for model:a: there is no partition model:a (registered models: model)")
 	wantKind(t, s.Free(ctxb(), sel.SelectionID), picker.KindNotFound, "reservation r1 not found")
 	for _, pl := range s.Loads("model", "a") {
 		if len(pl.Loads) != 0 {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/kvepp/kvepp/internal/excerpt"
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/ledger"
 )
@@ -45,6 +46,9 @@ func (s *Service) inspect(req *InspectRequest) (inspection, error) {
 	}
 	if in.key.RoutingGroup == "" {
 		in.key.RoutingGroup = DefaultPartitionName
+	}
+	if err := validatePartition(in.key.ModelName, in.key.RoutingGroup); err != nil {
+		return in, err
 	}
 	var err error
 	if in.eff, err = s.resolveOverride(req.Override); err != nil {
@@ -233,10 +237,14 @@ func (s *Service) Dump() map[string]PartitionDump {
 // §16 step 4): the partition is created if needed and, when it has no index yet (or one of
 // another block size and no accepted worker), gets a fresh index of blockSize tokens; the events
 // are then applied with the normal rules (approximate entries get a fresh TTL). A first worker
-// registering a different block size later discards the recovered index. Errors: blockSize ≤ 0,
+// registering a different block size later discards the recovered index. Errors: a name
+// ValidateName refuses (a registration could not have made it), blockSize ≤ 0,
 // a block size clash with the partition's workers, the policy factory failing, and the index's
 // restore error (which reports how many events failed; the rest are applied).
 func (s *Service) RestorePartition(key PartitionKey, blockSize int, events []kvindex.RouterEvent) error {
+	if err := validatePartition(key.ModelName, key.RoutingGroup); err != nil {
+		return fmt.Errorf("restore %s: %w", excerpt.Of(key.String()), err)
+	}
 	if blockSize <= 0 {
 		return fmt.Errorf("restore %s: block_size must be greater than 0, got %d", key, blockSize)
 	}

@@ -18,7 +18,8 @@ type normPrompt struct {
 	isl uint64
 }
 
-// validateHashForm applies the §6.3 checks to a hash-form prompt (400 messages, in table order).
+// validateHashForm applies the §6.3 checks to a hash-form prompt (400 messages, in table order),
+// plus the MaxISLTokens bound on isl_tokens.
 // Token-form prompts pass (their checks need the partition's block size).
 func validateHashForm(pr *Prompt) error { return checkHashForm(pr, true) }
 
@@ -38,6 +39,8 @@ func checkHashForm(pr *Prompt, requireBlockHashes bool) error {
 		return Errorf(KindBadRequest, "isl_tokens is required without token_ids")
 	case pr.ISLTokens == 0:
 		return Errorf(KindBadRequest, "isl_tokens must be greater than 0")
+	case pr.ISLTokens > MaxISLTokens:
+		return Errorf(KindBadRequest, "isl_tokens %d exceeds the limit of %d tokens", pr.ISLTokens, MaxISLTokens)
 	case pr.BlockHashes != nil && len(pr.BlockHashes) != len(pr.SequenceHashes):
 		return Errorf(KindBadRequest, "block_hashes length %d must match sequence_hashes length %d",
 			len(pr.BlockHashes), len(pr.SequenceHashes))
@@ -49,7 +52,8 @@ func checkHashForm(pr *Prompt, requireBlockHashes bool) error {
 // eagle hashing eagle (§6.1, §6.2; kv-events-index.md §1-§3). Token form: local hashes salted with
 // lora_name/cache_salt (and the per-block mm hashes), tracking hashes = the sequence-hash chain,
 // or fresh random u64 per block when assumeReuse is false, isl = number of tokens. Hash form: used
-// as given. Errors: KindBadRequest with the §6.3 messages, "token_ids must not be empty".
+// as given. Errors: KindBadRequest with the §6.3 messages, "token_ids must not be empty", and
+// prompts over MaxISLTokens.
 func normalizePrompt(pr *Prompt, bs uint32, eagle bool, assumeReuse bool) (normPrompt, error) {
 	if pr.HashForm {
 		if err := validateHashForm(pr); err != nil {
@@ -59,6 +63,9 @@ func normalizePrompt(pr *Prompt, bs uint32, eagle bool, assumeReuse bool) (normP
 	}
 	if len(pr.TokenIDs) == 0 {
 		return normPrompt{}, Errorf(KindBadRequest, "token_ids must not be empty")
+	}
+	if len(pr.TokenIDs) > MaxISLTokens {
+		return normPrompt{}, Errorf(KindBadRequest, "token_ids holds %d tokens; the limit is %d tokens", len(pr.TokenIDs), MaxISLTokens)
 	}
 	if pr.IsEagle != nil {
 		eagle = *pr.IsEagle

@@ -77,7 +77,7 @@ func (s *Service) ExpireStale(now time.Time) int {
 		}
 	}
 	if len(expired) > 0 {
-		s.log.Warn().Int("bookings", len(expired)).Dur("expiry", limit).Msg("expired stale bookings")
+		s.log.Warn().Int("bookings", len(expired)).Int64("expiry_ms", limit.Milliseconds()).Msg("expired stale bookings")
 	}
 	for _, p := range s.partitionsSnapshot() {
 		if ix := p.view.Load().index; ix != nil && ix.approx != nil {

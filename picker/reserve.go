@@ -3,6 +3,7 @@ package picker
 import (
 	"context"
 
+	"github.com/kvepp/kvepp/internal/excerpt"
 	"github.com/kvepp/kvepp/ledger"
 )
 
@@ -67,7 +68,7 @@ type Reservation struct {
 // {id} for {model}:{group} (expired, already used, or never selected)", "schedulable worker W
 // (dp_rank R) not found for {model}:{group}", "schedulable worker W not found for
 // {model}:{group}"; KindBadRequest (prompt, "effective_prefill_tokens (E) must not exceed
-// isl_tokens (I)", session affinity conflict); KindConflict "selection {id} is already reserved
+// isl_tokens (I)", session affinity conflict, names and ids over their limits); KindConflict "selection {id} is already reserved
 // or being reserved".
 func (s *Service) Reserve(ctx context.Context, req ReservationRequest) (Reservation, error) {
 	if s.shuttingDown.Load() {
@@ -83,6 +84,9 @@ func (s *Service) Reserve(ctx context.Context, req ReservationRequest) (Reservat
 	if key.RoutingGroup == "" {
 		key.RoutingGroup = DefaultPartitionName
 	}
+	if err := validateRequestIDs(key, req.SelectionID, nil, false); err != nil {
+		return Reservation{}, err
+	}
 	pk := ledger.PendingKey{ModelName: key.ModelName, RoutingGroup: key.RoutingGroup, SelectionID: req.SelectionID}
 	if req.WorkerID != nil {
 		return s.reserveExplicit(ctx, key, pk, &req)
@@ -96,7 +100,7 @@ func (s *Service) replay(ctx context.Context, key PartitionKey, pk ledger.Pendin
 	ps, gen, ok := s.pending.Peek(pk, now)
 	if !ok {
 		return Reservation{}, Errorf(KindNotFound, "no pending selection %s for %s (expired, already used, or never selected)",
-			pk.SelectionID, key)
+			excerpt.Of(pk.SelectionID), key)
 	}
 	if err := s.readiness(key); err != nil {
 		return Reservation{}, err

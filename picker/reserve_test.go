@@ -36,7 +36,7 @@ func TestReserveErrorsAreTyped(t *testing.T) {
 			picker.KindNotFound, "schedulable worker 1 (dp_rank 1) not found for model:default"},
 		{"an explicit booking in a missing partition is not ready",
 			picker.ReservationRequest{ModelName: "nope", SelectionID: "x", WorkerID: id(1), Prompt: picker.Prompt{TokenIDs: tokens(4)}},
-			picker.KindNotReady, "no schedulable workers for nope:default"},
+			picker.KindNotReady, "no schedulable workers for nope:default: there is no partition nope:default (registered models: model)"},
 		{"an explicit prefill above the isl is a bad request",
 			picker.ReservationRequest{ModelName: "model", SelectionID: "x", WorkerID: id(1), Prompt: picker.Prompt{TokenIDs: tokens(4)}, EffectivePrefillTokens: u64(5)},
 			picker.KindBadRequest, "effective_prefill_tokens (5) must not exceed isl_tokens (4)"},
@@ -221,6 +221,10 @@ func TestRestorePartition(t *testing.T) {
 		s := newService(t)
 		if err := s.RestorePartition(modelDefault, 0, nil); err == nil {
 			t.Error("block size 0 accepted")
+		}
+		if err := s.RestorePartition(picker.PartitionKey{ModelName: "m\x00", RoutingGroup: "default"}, 4, nil); err == nil ||
+			!strings.Contains(err.Error(), "control character") {
+			t.Errorf("a name no registration could make = %v", err)
 		}
 		mustUpsert(t, s, worker(1))
 		if err := s.RestorePartition(modelDefault, 16, dump.Events); err == nil || !strings.Contains(err.Error(), "block_size") {

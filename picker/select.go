@@ -126,8 +126,9 @@ type prepared struct {
 	sessionID string
 }
 
-// prepare validates the request and resolves its partition: shutdown (503), override and session
-// validation (422), hash-form validation (400), readiness (503 with the §7.2 messages).
+// prepare validates the request and resolves its partition: shutdown (503), names and ids (400,
+// ValidateName, MaxIDBytes), override and session validation (422), hash-form validation (400),
+// readiness (503 with the §7.2 messages).
 func (s *Service) prepare(req *SelectRequest) (prepared, error) {
 	if s.shuttingDown.Load() {
 		return prepared{}, errShuttingDown()
@@ -139,6 +140,9 @@ func (s *Service) prepare(req *SelectRequest) (prepared, error) {
 	}
 	if pr.key.RoutingGroup == "" {
 		pr.key.RoutingGroup = DefaultPartitionName
+	}
+	if err := validateRequestIDs(pr.key, req.SelectionID, req.Session, s.affinityOn()); err != nil {
+		return pr, err
 	}
 	var err error
 	if pr.eff, err = s.resolveOverride(req.Override); err != nil {
@@ -174,7 +178,7 @@ func (s *Service) readiness(key PartitionKey) error {
 	}
 	p := s.partition(key)
 	if p == nil || len(p.view.Load().workers) == 0 {
-		return Errorf(KindNotReady, "no schedulable workers for %s", key)
+		return s.errNoPartitionWorkers(key)
 	}
 	return nil
 }
@@ -185,7 +189,7 @@ func (s *Service) notReady(key PartitionKey) error {
 	if err := s.readiness(key); err != nil {
 		return err
 	}
-	return Errorf(KindNotReady, "no schedulable workers for %s", key)
+	return s.errNoPartitionWorkers(key)
 }
 
 // choice is the outcome of selection inside a partition.

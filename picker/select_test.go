@@ -149,10 +149,10 @@ func TestReadinessErrors(t *testing.T) {
 	wantKind(t, err, picker.KindNotReady, "no schedulable workers are available")
 	mustUpsert(t, s, worker(1, func(r *picker.WorkerRecord) { r.RoutingGroup = "g" }))
 	_, err = s.SelectAndReserve(ctxb(), tokenReq([]uint32{1, 2, 3, 4}))
-	wantKind(t, err, picker.KindNotReady, "no schedulable workers for model:default")
+	wantKind(t, err, picker.KindNotReady, "no schedulable workers for model:default: there is no partition model:default (registered models: model)")
 	mustUpsert(t, s, worker(2, func(r *picker.WorkerRecord) { r.Endpoint = "" }))
 	_, err = s.Select(ctxb(), tokenReq([]uint32{1, 2, 3, 4}))
-	wantKind(t, err, picker.KindNotReady, "no schedulable workers for model:default")
+	wantKind(t, err, picker.KindNotReady, "no schedulable workers for model:default: its only worker is not schedulable (worker 2: endpoint is required)")
 	s.BeginShutdown()
 	_, err = s.Select(ctxb(), tokenReq([]uint32{1, 2, 3, 4}, func(r *picker.SelectRequest) { r.RoutingGroup = "g" }))
 	wantKind(t, err, picker.KindNotReady, "selection service is shutting down")
@@ -771,8 +771,8 @@ func TestExtremeHashFormInputsNeverPanic(t *testing.T) {
 		prompt  picker.Prompt
 		wantPDB uint64
 	}{
-		{"an isl of 2^64-1 saturates potential_decode_blocks",
-			picker.Prompt{HashForm: true, BlockHashes: []uint64{1}, SequenceHashes: []uint64{1}, ISLTokens: math.MaxUint64}, 1 << 62},
+		{"the largest isl adds its partial blocks to potential_decode_blocks",
+			picker.Prompt{HashForm: true, BlockHashes: []uint64{1}, SequenceHashes: []uint64{1}, ISLTokens: picker.MaxISLTokens}, picker.MaxISLTokens / 4},
 		{"more sequence hashes than blocks add no partial block",
 			picker.Prompt{HashForm: true, BlockHashes: []uint64{7, 8, 9}, SequenceHashes: []uint64{1, 2, 3}, ISLTokens: 1}, 3},
 	} {
@@ -792,6 +792,16 @@ func TestExtremeHashFormInputsNeverPanic(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestAnISLOverTheLimitIsABadRequest(t *testing.T) {
+	s := newService(t)
+	mustUpsert(t, s, worker(1))
+	_, err := s.SelectAndReserve(ctxb(), picker.SelectRequest{ModelName: "model", Prompt: picker.Prompt{
+		HashForm: true, BlockHashes: []uint64{1}, SequenceHashes: []uint64{1}, ISLTokens: math.MaxUint64}})
+	wantKind(t, err, picker.KindBadRequest, "isl_tokens 18446744073709551615 exceeds the limit of 16777216 tokens")
+	_, err = s.Select(ctxb(), picker.SelectRequest{ModelName: "model", Prompt: picker.Prompt{TokenIDs: make([]uint32, picker.MaxISLTokens+1)}})
+	wantKind(t, err, picker.KindBadRequest, "token_ids holds 16777217 tokens; the limit is 16777216 tokens")
 }
 
 func TestApproximateRowsOfDepartedRanksAreDropped(t *testing.T) {

@@ -73,7 +73,8 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 	set := &tokenizerSet{byModel: map[string]extproc.RequestTokenizer{}}
 	switch cfg.EffectiveTokenizerProtocol() {
 	case TokenizerProtocolNone:
-		log.Warn().Msg("DYN_EPP_TOKENIZER_PROTOCOL=none: prompts are hashed from their raw bytes (approximate mode only); cache hits are learned from kvepp's own routing")
+		// Start warns about this mode once it is up, so the warning never precedes an
+		// unrelated startup error.
 		set.def = byteTokenizer{}
 		return set, nil
 	case TokenizerProtocolVLLMRender:
@@ -158,7 +159,7 @@ func (c *tokenizerCache) load(dir string, log zerolog.Logger) (*tokenizer.Tokeni
 	if err != nil {
 		return nil, err
 	}
-	log.Info().Str("dir", abs).Dur("took", time.Since(start)).Msg("tokenizer loaded")
+	log.Info().Str("dir", abs).Int64("took_ms", time.Since(start).Milliseconds()).Msg("tokenizer loaded")
 	c.entries[abs] = cachedTokenizer{stamp: stamp, tok: t}
 	return t, nil
 }

@@ -108,6 +108,9 @@ type Config struct {
 	MaxInflightRequests int `env:"DYN_EPP_MAX_INFLIGHT_REQUESTS" envDefault:"1024" flag:"max-inflight-requests" help:"concurrent requests in the routing phase"`
 	// MaxDestinations is the destination list length (1 = primary only).
 	MaxDestinations int `env:"DYN_EPP_MAX_DESTINATIONS" envDefault:"1" flag:"max-destinations" help:"destinations per routing reply (primary + fallbacks)"`
+	// RequestBodyTimeout bounds the wait from a request's headers to the end of its body
+	// (DYN_EPP_REQUEST_BODY_TIMEOUT_SECS, seconds, > 0); a body that has not ended by then → 408.
+	RequestBodyTimeout Seconds `env:"DYN_EPP_REQUEST_BODY_TIMEOUT_SECS" envDefault:"60" flag:"request-body-timeout-secs" help:"bound on a request body's arrival, seconds (then 408)"`
 	// DrainTimeout is the graceful drain window after SIGTERM (DYN_EPP_DRAIN_TIMEOUT_SECS, seconds).
 	DrainTimeout Seconds `env:"DYN_EPP_DRAIN_TIMEOUT_SECS" envDefault:"15" flag:"drain-timeout-secs" help:"graceful drain window after SIGTERM, seconds"`
 	// SecureServing enables TLS on the ext_proc port (alias DYN_SECURE_SERVING).
@@ -490,6 +493,17 @@ func (b boolFlag) Set(s string) error { *b.val = s; return nil }
 // IsBoolFlag lets the flag be given without a value ("--secure-serving" means true).
 func (b boolFlag) IsBoolFlag() bool { return true }
 
+// commandsUsage opens `epp -h`: the commands, then the EPP's flags.
+const commandsUsage = `Usage:
+  epp [flags]                   run the endpoint picker (ext_proc, health, selection side port, metrics)
+  epp select-service [flags]    run only the HTTP selection service (epp select-service -h)
+  epp route [flags]             play Envoy for one request against a running EPP and print the decision (epp route -h)
+
+Every flag also has a DYN_* environment variable; flags win.
+
+Flags of epp:
+`
+
 // applyFlags parses args and copies every flag that was given into vars under its env name. It
 // returns env name → "--flag" for the settings the flags gave.
 func applyFlags(vars map[string]string, args []string, usage io.Writer) (map[string]string, error) {
@@ -498,6 +512,10 @@ func applyFlags(vars map[string]string, args []string, usage io.Writer) (map[str
 	}
 	fs := flag.NewFlagSet("epp", flag.ContinueOnError)
 	fs.SetOutput(usage)
+	fs.Usage = func() {
+		fmt.Fprint(usage, commandsUsage)
+		fs.PrintDefaults()
+	}
 	values := map[string]*string{}
 	byFlag := map[string]settingField{}
 	for _, s := range settingFields() {
@@ -690,6 +708,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxDestinations < 1 {
 		return c.invalid("DYN_EPP_MAX_DESTINATIONS", c.MaxDestinations, "must be >= 1")
+	}
+	if c.RequestBodyTimeout <= 0 {
+		return c.invalid("DYN_EPP_REQUEST_BODY_TIMEOUT_SECS", c.RequestBodyTimeout.Duration().Seconds(), "must be > 0")
 	}
 	if c.CertPath != "" && !bool(c.SecureServing) {
 		return c.invalid("DYN_EPP_CERT_PATH", c.CertPath, "requires DYN_EPP_SECURE_SERVING=true")

@@ -36,6 +36,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		{"inflight cap", cfg.MaxInflightRequests, 1024},
 		{"destinations", cfg.MaxDestinations, 1},
 		{"drain window", cfg.DrainTimeout.Duration(), 15 * time.Second},
+		{"request body bound", cfg.RequestBodyTimeout.Duration(), 60 * time.Second},
 		{"mode", cfg.Mode, "standalone"},
 		{"credit", cfg.OverlapScoreCredit, 1.0},
 		{"host weight", cfg.HostCacheHitWeight, 0.75},
@@ -201,6 +202,7 @@ func TestLoadConfigRejectsInvalidSettingsNamingThem(t *testing.T) {
 		{"a zero inflight cap", []string{tok, "DYN_EPP_MAX_INFLIGHT_REQUESTS=0"}, nil, `invalid DYN_EPP_MAX_INFLIGHT_REQUESTS "0": must be > 0`},
 		{"zero destinations", []string{tok, "DYN_EPP_MAX_DESTINATIONS=0"}, nil, `invalid DYN_EPP_MAX_DESTINATIONS "0": must be >= 1`},
 		{"a negative drain window", []string{tok, "DYN_EPP_DRAIN_TIMEOUT_SECS=-1"}, nil, `invalid DYN_EPP_DRAIN_TIMEOUT_SECS "-1": must be >= 0`},
+		{"no bound on a request body", []string{tok, "DYN_EPP_REQUEST_BODY_TIMEOUT_SECS=0"}, nil, `invalid DYN_EPP_REQUEST_BODY_TIMEOUT_SECS "0": must be > 0`},
 		{"a zero expiry", []string{tok, "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS=0"}, nil, `invalid DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS "0": must be > 0`},
 		{"output tracking without active blocks", []string{tok, "DYN_ROUTER_TRACK_ACTIVE_BLOCKS=false", "DYN_ROUTER_TRACK_OUTPUT_BLOCKS=true"}, nil, `invalid DYN_ROUTER_TRACK_OUTPUT_BLOCKS "true": requires DYN_ROUTER_TRACK_ACTIVE_BLOCKS=true`},
 		{"no tokenizer while KV events are on", nil, nil, `invalid DYN_EPP_TOKENIZER_PROTOCOL "none": none is only allowed with DYN_ROUTER_USE_KV_EVENTS=false`},
@@ -356,7 +358,8 @@ func TestLoadConfigHelp(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("error = %v, want flag.ErrHelp", err)
 	}
-	for _, want := range []string{"-grpc-port", "env DYN_EPP_GRPC_PORT, default 9002", "-workers-file"} {
+	for _, want := range []string{"-grpc-port", "env DYN_EPP_GRPC_PORT, default 9002", "-workers-file",
+		"epp select-service [flags]", "epp route [flags]", "-request-body-timeout-secs"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("usage lacks %q:\n%s", want, out.String())
 		}

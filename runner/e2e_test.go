@@ -403,6 +403,7 @@ func TestEndToEnd(t *testing.T) {
 		text, _ := io.ReadAll(resp.Body)
 		for _, want := range []string{
 			`kvepp_kv_events_total{result="applied"} 2`,
+			`kvepp_kv_events_total{result="rejected"} 0`,
 			`kvepp_ready_workers 3`,
 			`kvepp_requests_total{outcome="success"}`,
 			`kvepp_requests_total{outcome="cancelled"}`,

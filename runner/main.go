@@ -10,15 +10,28 @@ import (
 
 // Main is the main function of an EPP binary (cmd/epp, cmd/epp-custom): it calls run with the
 // command-line arguments after the program name and a context cancelled by the first SIGTERM or
-// SIGINT, after which the default signal handling is restored so a second signal ends the process
-// at once instead of waiting for the drain window (epp.md §9). When run fails, Main prints
-// "name: <error>" to standard error and exits with status 1; otherwise it returns.
+// SIGINT. A second SIGTERM or SIGINT ends the process at once with status 128 + the signal's
+// number (130 for SIGINT) instead of waiting for the drain window (epp.md §9). Both signals stay
+// subscribed until exit, so this holds even when the process inherited SIGINT as ignored (a
+// background job of a non-interactive shell), where restoring the default disposition would
+// restore "ignored". When run fails, Main prints "name: <error>" to standard error and exits with
+// status 1; otherwise it returns.
 func Main(name string, run func(ctx context.Context, args []string) error) {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
 	go func() {
-		<-ctx.Done()
-		stop()
+		first := <-sigs
+		cancel()
+		second := <-sigs
+		fmt.Fprintf(os.Stderr, "%s: second signal (%v) after %v: exiting now, without waiting for the drain\n", name, second, first)
+		code := 1
+		if s, ok := second.(syscall.Signal); ok {
+			code = 128 + int(s)
+		}
+		os.Exit(code)
 	}()
 	if err := run(ctx, os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, name+":", err)

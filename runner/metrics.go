@@ -10,7 +10,7 @@ import (
 
 var (
 	descKVEvents = prometheus.NewDesc("kvepp_kv_events_total",
-		"KV events by result: applied to the index, stale (batches below the sequence watermark), dropped.",
+		"KV events by result, each event under one: applied to the index, rejected by the index (kvepp_kv_event_index_errors_total has the kind), dropped by decoding or conversion; stale counts batches below the sequence watermark.",
 		[]string{"result"}, nil)
 	descKVEventDrops = prometheus.NewDesc("kvepp_kv_events_dropped_total",
 		"KV events dropped by decoding or conversion, by reason.", []string{"reason"}, nil)
@@ -41,7 +41,7 @@ var (
 	descFileFailures = prometheus.NewDesc("kvepp_workers_file_apply_failures_total",
 		"Workers-file snapshot applies that failed (each is retried after 5 s).", nil, nil)
 	descFileInvalid = prometheus.NewDesc("kvepp_workers_file_invalid_total",
-		"Workers-file reads that failed to read or parse (the catalog was kept).", nil, nil)
+		"Distinct invalid workers-file contents seen (each logged once; the catalog was kept).", nil, nil)
 )
 
 // statsCollector exports the other components' counters, read at scrape time (epp.md §12; names
@@ -70,6 +70,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.events != nil {
 		st := c.events.Stats()
 		counter(descKVEvents, st.EventsApplied, "applied")
+		counter(descKVEvents, st.EventsRejected, "rejected")
 		counter(descKVEvents, st.BatchesStale, "stale")
 		counter(descKVEvents, st.EventsDroppedTotal(), "dropped")
 		for r := kvevents.DropReason(0); r < kvevents.NumDropReasons; r++ {

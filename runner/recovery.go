@@ -3,7 +3,6 @@ package runner
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -47,7 +46,7 @@ func recoverIndex(ctx context.Context, svc *picker.Service, peers []string, time
 			}
 			applied, failed := 0, 0
 			for key, part := range dump {
-				pk, err := parsePartitionKey(key)
+				pk, err := picker.ParsePartitionKey(key)
 				if err != nil {
 					log.Warn().Err(err).Str("peer", peer).Msg("index recovery: skipping partition")
 					failed++
@@ -67,7 +66,7 @@ func recoverIndex(ctx context.Context, svc *picker.Service, peers []string, time
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			log.Warn().Dur("timeout", timeout).Msg("index recovery gave up: no peer answered /dump; starting with an empty index")
+			log.Warn().Int64("timeout_ms", timeout.Milliseconds()).Msg("index recovery gave up: no peer answered /dump; starting with an empty index")
 			return false
 		case <-t.C:
 		}
@@ -95,14 +94,4 @@ func fetchDump(ctx context.Context, client *http.Client, peer string) (map[strin
 		return nil, fmt.Errorf("GET %s/dump: invalid body: %w", peer, err)
 	}
 	return dump, nil
-}
-
-// parsePartitionKey splits a /dump key "<model_name>:<routing_group>" at its last colon (model
-// names may contain colons, e.g. "llama3:8b").
-func parsePartitionKey(key string) (picker.PartitionKey, error) {
-	i := strings.LastIndexByte(key, ':')
-	if i <= 0 || i == len(key)-1 {
-		return picker.PartitionKey{}, errors.New("dump key " + fmt.Sprintf("%q", key) + " is not <model_name>:<routing_group>")
-	}
-	return picker.PartitionKey{ModelName: key[:i], RoutingGroup: key[i+1:]}, nil
 }

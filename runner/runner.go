@@ -47,11 +47,15 @@ const shutdownGrace = 2 * time.Second
 // Run is the whole EPP process: it loads the configuration from the environment and args, starts
 // every component (Start), waits until ctx is cancelled (SIGTERM/SIGINT in cmd/epp) or a server
 // fails, and then shuts down gracefully (Instance.Stop). args[0] == "select-service" runs only the
-// HTTP selection service instead (RunSelectService). -h prints the flags and returns nil.
+// HTTP selection service instead (RunSelectService), args[0] == "route" plays Envoy for one
+// request against a running EPP (RunRoute). -h prints the commands and flags and returns nil.
 // registry holds the worker-selection policy providers; nil means catalog.Builtins().
 func Run(ctx context.Context, registry *catalog.Registry, args []string) error {
 	if len(args) > 0 && args[0] == SelectServiceCommand {
 		return RunSelectService(ctx, registry, args[1:])
+	}
+	if len(args) > 0 && args[0] == RouteCommand {
+		return RunRoute(ctx, args[1:], os.Stdout, os.Stderr)
 	}
 	cfg, err := LoadConfig(os.Environ(), args, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
@@ -399,6 +403,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		MaxRequestBodyBytes: cfg.MaxRequestBodyBytes,
 		MaxInflight:         cfg.MaxInflightRequests,
 		MaxDestinations:     cfg.MaxDestinations,
+		RequestBodyTimeout:  cfg.RequestBodyTimeout.Duration(),
 		Ready:               inst.Health.Ready,
 		Logger:              log.With().Str("component", "extproc").Logger(),
 	})
@@ -435,6 +440,9 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		Str("workers_file", cfg.WorkersFile).Str("tokenizer_protocol", cfg.EffectiveTokenizerProtocol()).
 		Bool("use_kv_events", bool(cfg.UseKVEvents)).
 		Msg("kvepp ready")
+	if cfg.EffectiveTokenizerProtocol() == TokenizerProtocolNone {
+		log.Warn().Msg("DYN_EPP_TOKENIZER_PROTOCOL=none: prompts are hashed from their raw bytes (approximate mode only); cache hits are learned from kvepp's own routing")
+	}
 	return inst, nil
 }
 
@@ -466,7 +474,7 @@ func (i *Instance) Stop(ctx context.Context) error {
 }
 
 func (i *Instance) stop(ctx context.Context) error {
-	i.log.Info().Dur("drain", i.cfg.DrainTimeout.Duration()).Msg("shutting down: readiness NOT_SERVING, draining")
+	i.log.Info().Int64("drain_ms", i.cfg.DrainTimeout.Duration().Milliseconds()).Msg("shutting down: readiness NOT_SERVING, draining")
 	i.Health.Drain()
 	if d := i.cfg.DrainTimeout.Duration(); d > 0 {
 		t := time.NewTimer(d)

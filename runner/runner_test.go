@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/kvepp/kvepp/extproc/extproctest"
+	"github.com/kvepp/kvepp/internal/syncbuf"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -64,6 +67,34 @@ func TestStartRejectsBadSetupNamingTheSetting(t *testing.T) {
 				t.Fatalf("error = %v, want it to contain %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestTheNoTokenizerWarningComesOnlyWithAStartedEPP: the DYN_EPP_TOKENIZER_PROTOCOL=none warning
+// appears once the EPP is up, never ahead of an unrelated startup error.
+func TestTheNoTokenizerWarningComesOnlyWithAStartedEPP(t *testing.T) {
+	noTokenizer := func(c *Config) {
+		c.UseKVEvents = false
+		c.TokenizerDir, c.TokenizerProtocol = "", TokenizerProtocolNone
+	}
+	start := func(tweak func(*Config)) (string, error) {
+		var logs syncbuf.Buffer
+		l := zerolog.New(&logs)
+		cfg := loopbackConfig(t)
+		noTokenizer(&cfg)
+		tweak(&cfg)
+		inst, err := Start(context.Background(), Options{Config: cfg, Logger: &l})
+		if inst != nil {
+			_ = inst.Stop(context.Background())
+		}
+		return logs.String(), err
+	}
+	if logs, err := start(func(c *Config) { c.WorkersFile = filepath.Join(t.TempDir(), "missing.yaml") }); err == nil ||
+		strings.Contains(logs, "DYN_EPP_TOKENIZER_PROTOCOL=none") {
+		t.Fatalf("a failed start (%v) logged the tokenizer warning:\n%s", err, logs)
+	}
+	if logs, err := start(func(*Config) {}); err != nil || !strings.Contains(logs, "DYN_EPP_TOKENIZER_PROTOCOL=none") {
+		t.Fatalf("a started EPP (%v) did not warn about DYN_EPP_TOKENIZER_PROTOCOL=none:\n%s", err, logs)
 	}
 }
 

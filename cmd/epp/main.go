@@ -4,6 +4,7 @@
 //
 //	epp                    run the EPP (ext_proc, health, selection side port, metrics, discovery)
 //	epp select-service     run only the HTTP selection service (--port, default 8092)
+//	epp route              play Envoy for one request against a running EPP and print the decision
 package main
 
 import (

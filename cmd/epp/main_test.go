@@ -2,11 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,6 +76,17 @@ func TestEPPRunsTheREADMECommandAndStopsOnSIGTERM(t *testing.T) {
 	} else {
 		c.Close()
 	}
+	// The README's next step: one request played through the running EPP with epp route.
+	route := startEPP(t, nil, "route", "--addr", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--body", "examples/chat.json")
+	if err := route.Wait(); err != nil {
+		t.Fatalf("epp route: %v; output:\n%s", err, route.Output())
+	}
+	for _, want := range []string{"endpoint        127.0.0.1:800", "worker_id       ", "dp_rank         0",
+		"matched prefix  0 of ", "decision time   ", "booking         freed"} {
+		if !strings.Contains(route.Output(), want) {
+			t.Fatalf("epp route output lacks %q:\n%s", want, route.Output())
+		}
+	}
 	epp.Stop(t)
 	if !strings.Contains(epp.Output(), "kvepp stopped") {
 		t.Fatalf("no shutdown log; output:\n%s", epp.Output())
@@ -107,4 +121,51 @@ func TestSelectServiceSubcommand(t *testing.T) {
 	}
 	binarytest.WaitHTTP(t, base+"/ready", http.StatusOK, epp)
 	epp.Stop(t)
+}
+
+// TestASecondSIGINTExitsAtOnceEvenWhenSIGINTWasIgnored starts epp the way a non-interactive
+// shell starts a background job (SIGINT inherited as ignored) with a 60 s drain window: the first
+// SIGINT starts the drain, the second ends the process at once.
+func TestASecondSIGINTExitsAtOnceEvenWhenSIGINTWasIgnored(t *testing.T) {
+	ports := binarytest.FreePorts(t, 4)
+	epp := binarytest.StartIgnoringSIGINT(t, sharedtest.RepoRoot(t), []string{
+		"DYN_ROUTER_USE_KV_EVENTS=false", "DYN_EPP_TOKENIZER_PROTOCOL=none", "DYN_EPP_SECURE_SERVING=false",
+		"DYN_EPP_DRAIN_TIMEOUT_SECS=60", "DYN_EPP_BIND_ADDRESS=127.0.0.1",
+	}, "--grpc-port", strconv.Itoa(ports[0]), "--grpc-health-port", strconv.Itoa(ports[1]),
+		"--selection-http-port", strconv.Itoa(ports[2]), "--metrics-port", strconv.Itoa(ports[3]))
+	waitOutput(t, epp, `"message":"kvepp ready"`)
+	if err := epp.Cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, epp, "draining")
+	start := time.Now()
+	if err := epp.Cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- epp.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 130 {
+			t.Fatalf("exit %v, want status 130 (128 + SIGINT); output:\n%s", err, epp.Output())
+		}
+		if !strings.Contains(epp.Output(), "second signal") {
+			t.Fatalf("no word about the second signal; output:\n%s", epp.Output())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("still running %v after the second SIGINT (the drain window is 60 s); output:\n%s", time.Since(start), epp.Output())
+	}
+}
+
+// waitOutput waits up to 90 s for p's output to contain s.
+func waitOutput(t *testing.T, p *binarytest.Process, s string) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for !strings.Contains(p.Output(), s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("output never contained %q:\n%s", s, p.Output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"html"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -21,9 +22,12 @@ func renderSVG(res *Result) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica, Arial, sans-serif" font-size="12">`+"\n", w, h, w, h)
 	b.WriteString(`<rect width="100%" height="100%" fill="white"/>` + "\n")
-	title := fmt.Sprintf("eppbench — %s: %d requests, %d workers × %d blocks, speedup %g",
-		filepath.Base(res.Workload.Name), res.Workload.Requests, res.Setup.Workers, res.Setup.CapacityBlocks, res.Setup.Speedup)
+	title := fmt.Sprintf("eppbench — %s: %d requests, %d workers × %d blocks",
+		filepath.Base(res.Workload.Name), res.Workload.Requests, res.Setup.Workers, res.Setup.CapacityBlocks)
 	text(&b, w/2, 24, "middle", 15, "bold", title)
+	text(&b, w/2, 42, "middle", 11, "normal", fmt.Sprintf(
+		"speedup %g: the simulated clock runs %g× faster than the wall clock and arrivals are compressed to match; times are simulated",
+		res.Setup.Speedup, res.Setup.Speedup))
 
 	names := make([]string, len(res.Baselines))
 	hits := make([]float64, len(res.Baselines))
@@ -35,8 +39,8 @@ func renderSVG(res *Result) string {
 		}
 	}
 	ideal := 100 * res.Workload.IdealHitRate
-	barPanel(&b, 60, 60, 420, 260, "Prefix-cache hit rate (% of prompt tokens)", names, hits, "%.1f%%", ideal, "ideal %.1f%%")
-	barPanel(&b, 560, 60, 420, 260, "TTFT p50 (ms, simulated)", names, ttfts, "%.0f", -1, "")
+	barPanel(&b, 60, 80, 420, 240, "Prefix-cache hit rate, % of prompt tokens (higher is better)", names, hits, "%.1f%%", ideal, "ideal %.1f%%")
+	barPanel(&b, 560, 80, 420, 240, "Time to first token p50, ms (lower is better)", names, ttfts, "%.0f", -1, "")
 	timelinePanel(&b, 60, 440, 900, 230, res)
 	b.WriteString("</svg>\n")
 	return b.String()
@@ -106,9 +110,31 @@ func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []stri
 	}
 }
 
-// timelinePanel draws the hit rate over simulated time, one line per baseline.
+// sparseBucketRequests is the fewest requests a timeline bucket needs to be joined into its line;
+// a bucket holding fewer than this (or than a quarter of the median bucket) swings with single
+// requests — typically the last buckets, where few conversations are still running — and is drawn
+// as an open marker instead.
+const sparseBucketRequests = 5
+
+// sparseBelow returns the request count under which a bucket of tl is sparse.
+func sparseBelow(tl []TimelinePoint) int {
+	var counts []int
+	for _, p := range tl {
+		if p.Requests > 0 {
+			counts = append(counts, p.Requests)
+		}
+	}
+	if len(counts) == 0 {
+		return sparseBucketRequests
+	}
+	slices.Sort(counts)
+	return max(sparseBucketRequests, counts[len(counts)/2]/4)
+}
+
+// timelinePanel draws the hit rate over simulated time, one line per baseline through its dense
+// buckets, sparse buckets (sparseBelow) as open markers.
 func timelinePanel(b *strings.Builder, x, y, w, h float64, res *Result) {
-	text(b, x+w/2, y-12, "middle", 13, "bold", "Hit rate over time (requests bucketed by arrival, simulated seconds)")
+	text(b, x+w/2, y-12, "middle", 13, "bold", "Hit rate over time, requests bucketed by arrival in simulated seconds (higher is better)")
 	top, span := 0.0, 0.0
 	for _, bl := range res.Baselines {
 		for _, p := range bl.Timeline {
@@ -139,6 +165,10 @@ func timelinePanel(b *strings.Builder, x, y, w, h float64, res *Result) {
 	}
 	px := func(t float64) float64 { return x + w*t/span }
 	py := func(v float64) float64 { return y + h - h*(100*v)/top }
+	minRequests := sparseBucketRequests
+	if len(res.Baselines) > 0 {
+		minRequests = sparseBelow(res.Baselines[0].Timeline)
+	}
 	line := func(pts []TimelinePoint, val func(TimelinePoint) float64, stroke, dash string) {
 		var sb strings.Builder
 		for _, p := range pts {
@@ -148,6 +178,10 @@ func timelinePanel(b *strings.Builder, x, y, w, h float64, res *Result) {
 			mid := p.StartSeconds
 			if len(pts) > 1 {
 				mid += (pts[1].StartSeconds - pts[0].StartSeconds) / 2
+			}
+			if p.Requests < minRequests {
+				fmt.Fprintf(b, `<circle cx="%.1f" cy="%.1f" r="3" fill="white" stroke="%s" stroke-width="1.5"/>`+"\n", px(mid), py(val(p)), stroke)
+				continue
 			}
 			fmt.Fprintf(&sb, "%.1f,%.1f ", px(mid), py(val(p)))
 		}
@@ -171,6 +205,10 @@ func timelinePanel(b *strings.Builder, x, y, w, h float64, res *Result) {
 	yy := ly + float64(len(res.Baselines)/5)*16
 	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#777" stroke-width="2" stroke-dasharray="6 4"/>`+"\n", xx, yy-3, xx+14, yy-3)
 	text(b, xx+20, yy, "start", 11, "normal", "ideal (unbounded cache)")
+	n := len(res.Baselines) + 1
+	xx, yy = lx+float64(n%5)*180, ly+float64(n/5)*16
+	fmt.Fprintf(b, `<circle cx="%.1f" cy="%.1f" r="3" fill="white" stroke="#333" stroke-width="1.5"/>`+"\n", xx+7, yy-3)
+	text(b, xx+20, yy, "start", 11, "normal", fmt.Sprintf("bucket of fewer than %d requests (noisy; not joined)", minRequests))
 }
 
 // trimFloat formats an axis value without trailing zeros.

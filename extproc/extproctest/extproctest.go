@@ -29,6 +29,7 @@ import (
 	"net"
 	"strconv"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -155,6 +156,10 @@ type Exchange struct {
 	Destination string
 	// DynamicMetadata is the dynamic_metadata sent with the routing reply.
 	DynamicMetadata *structpb.Struct
+	// RoutingLatency is the time from sending the request's last message (the end of stream, the
+	// trailers, or the headers of a header-only request) to receiving the routing reply: the
+	// routing decision as the proxy waits for it.
+	RoutingLatency time.Duration
 	// MetadataDestination is DynamicMetadata's envoy.lb x-gateway-destination-endpoint value.
 	MetadataDestination string
 	// BodyChunks are the re-streamed request body chunks in order (FULL_DUPLEX_STREAMED).
@@ -227,6 +232,8 @@ type emulator struct {
 	cancel            context.CancelFunc
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 	sentFirst         bool
+	// requestSent is when the request's last message was sent (RoutingLatency's start).
+	requestSent time.Time
 }
 
 // send sends one message, adding the first-message fields. io.EOF (the server ended the stream) is
@@ -344,6 +351,7 @@ func (e *emulator) request() error {
 		}
 		hm.MetadataContext = md
 	}
+	e.requestSent = time.Now()
 	if err := e.sendOrStatus(hm); err != nil {
 		return err
 	}
@@ -376,6 +384,7 @@ func (e *emulator) sendBody() error {
 		body = body[n:]
 		end := len(body) == 0
 		last = chunk
+		e.requestSent = time.Now()
 		if err := e.sendOrStatus(RequestBody(chunk, end && !hasTrailers)); err != nil {
 			return err
 		}
@@ -389,6 +398,7 @@ func (e *emulator) sendBody() error {
 		}
 	}
 	if hasTrailers {
+		e.requestSent = time.Now()
 		if err := e.sendOrStatus(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
 			RequestTrailers: &extprocv3.HttpTrailers{Trailers: headerMap(r.Trailers)},
 		}}); err != nil {
@@ -411,10 +421,12 @@ func (e *emulator) bufferedRequest() error {
 		return fmt.Errorf("BUFFERED: expected a request_headers reply, got %T", m.GetResponse())
 	}
 	hasTrailers := e.req.Trailers != nil
+	e.requestSent = time.Now()
 	if err := e.sendOrStatus(RequestBody(e.req.Body, !hasTrailers)); err != nil {
 		return err
 	}
 	if hasTrailers {
+		e.requestSent = time.Now()
 		if err := e.sendOrStatus(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
 			RequestTrailers: &extprocv3.HttpTrailers{Trailers: headerMap(e.req.Trailers)},
 		}}); err != nil {
@@ -512,6 +524,7 @@ func (e *emulator) readRouting(withBody, trailers bool) error {
 
 // routing records the routing reply.
 func (e *emulator) routing(c *extprocv3.CommonResponse, md *structpb.Struct) {
+	e.ex.RoutingLatency = time.Since(e.requestSent)
 	e.ex.Routing = c
 	e.ex.ClearRouteCache = c.GetClearRouteCache()
 	e.ex.SetHeaders = map[string]string{}

@@ -70,7 +70,23 @@ type Process struct {
 // cannot be started.
 func Start(t testing.TB, dir string, env []string, args ...string) *Process {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
+	return start(t, false, dir, env, args)
+}
+
+// StartIgnoringSIGINT is Start for a child that inherits SIGINT as ignored, as a background job of
+// a non-interactive shell does: /bin/sh sets the disposition and execs the command.
+func StartIgnoringSIGINT(t testing.TB, dir string, env []string, args ...string) *Process {
+	t.Helper()
+	return start(t, true, dir, env, args)
+}
+
+func start(t testing.TB, ignoreSIGINT bool, dir string, env []string, args []string) *Process {
+	t.Helper()
+	argv := append([]string{os.Args[0], "-test.run=^$", "--"}, args...)
+	if ignoreSIGINT {
+		argv = append([]string{"/bin/sh", "-c", `trap "" INT; exec "$@"`, "sh"}, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
 	cmd.Env = append(append(os.Environ(), childEnv+"=1"), env...)
 	p := &Process{Cmd: cmd, out: &syncbuf.Buffer{}}

@@ -154,7 +154,9 @@ func (c *Converter) SetRankRange(start, size uint32) {
 }
 
 // SetLogger sets the logger for the converter's warnings (block-size mismatches, LoRA ids
-// without names, namespace memory overflow).
+// without names, namespace memory overflow). The converter adds only what the event says
+// (batch_dp_rank, the event's block size, …): l should already carry worker_id and dp_rank, as a
+// listener's logger does.
 func (c *Converter) SetLogger(l zerolog.Logger) {
 	c.log = l
 }
@@ -288,7 +290,7 @@ func (c *Converter) stored(rank uint32, tier kvindex.Tier, seq uint64, ev *RawEv
 		err := fmt.Errorf("worker %d dp_rank %d: block_size %d does not match registered block_size %d",
 			c.workerID, rank, ev.BlockSize, c.blockSize)
 		if c.notes.blockSizeWarnings.Add(1) <= maxBlockSizeWarnings {
-			c.log.Warn().Uint64("worker_id", c.workerID).Uint32("dp_rank", rank).Int("event_block_size", ev.BlockSize).
+			c.log.Warn().Uint32("batch_dp_rank", rank).Int("event_block_size", ev.BlockSize).
 				Int("registered_block_size", c.blockSize).
 				Msg("dropping KV events whose block_size differs from the registered one; routing for this worker sees no cache hits")
 		}
@@ -311,7 +313,7 @@ func (c *Converter) stored(rank uint32, tier kvindex.Tier, seq uint64, ev *RawEv
 
 	lora := ev.LoraName
 	if lora == "" && ev.LoraID != nil && !c.notes.loraIDLogged.Swap(true) {
-		c.log.Info().Uint64("worker_id", c.workerID).Int64("lora_id", *ev.LoraID).
+		c.log.Info().Int64("lora_id", *ev.LoraID).
 			Msg("KV event carries lora_id without lora_name; hashing its blocks as the base model")
 	}
 	ns := c.namespace(rank, ev)
@@ -478,7 +480,7 @@ func (c *Converter) recordNamespace(rank uint32, hashes []uint64, tier kvindex.T
 					c.stats.namespaceOverflow.Add(1)
 				}
 				if !c.notes.nsOverflowLogged.Swap(true) {
-					c.log.Warn().Uint64("worker_id", c.workerID).Int("limit", c.nsLimit).
+					c.log.Warn().Int("limit", c.nsLimit).
 						Msg("cache-namespace memory full; child stores without their own namespace may hash without it")
 				}
 				continue

@@ -68,6 +68,9 @@ type listener struct {
 	reconnected bool
 	expected    uint64
 	evBuf       []kvindex.Event
+	// rejections counts the events the sink refused; lastRejectLog rate-limits their log.
+	rejections    uint64
+	lastRejectLog time.Time
 
 	// Published for inspection.
 	next       atomic.Uint64
@@ -146,6 +149,9 @@ func (l *listener) readLoop() {
 			l.log.Info().Msg("KV event publisher reconnected")
 		}
 		everConnected = true
+		// A connection that succeeds resets the backoff even if no batch follows, so a publisher
+		// that restarts, or flaps, is redialled promptly rather than at the cap.
+		backoff = l.m.cfg.ReconnectMinBackoff
 		first := true
 		var err error
 		for {
@@ -159,13 +165,12 @@ func (l *listener) readLoop() {
 			}
 			l.enqueue(item{frames: msg.Frames, afterReconnect: reconnect && first})
 			first = false
-			backoff = l.m.cfg.ReconnectMinBackoff
 		}
 		_ = sock.Close()
 		if l.ctx.Err() != nil {
 			return
 		}
-		l.log.Warn().Err(err).Dur("retry_in", backoff).Msg("KV event publisher connection lost; re-dialling")
+		l.log.Warn().Err(err).Int64("retry_in_ms", backoff.Milliseconds()).Msg("KV event publisher connection lost; re-dialling")
 		if !l.sleep(backoff) {
 			return
 		}
@@ -182,7 +187,7 @@ func (l *listener) dial() zmq4.Socket {
 			zmq4.WithLogger(quietZMQ))
 		err := sock.SetOption(zmq4.OptionSubscribe, "")
 		if err == nil {
-			err = sock.Dial(dialAddress(l.cfg.endpoints.events))
+			err = plainDialError(sock.Dial(dialAddress(l.cfg.endpoints.events)))
 		}
 		if err == nil {
 			return sock
@@ -195,7 +200,7 @@ func (l *listener) dial() zmq4.Socket {
 		if attempt == 0 {
 			ev = l.log.Info()
 		}
-		ev.Err(err).Dur("retry_in", backoff).Msg("KV event publisher not reachable yet")
+		ev.Err(err).Int64("retry_in_ms", backoff.Milliseconds()).Msg("KV event publisher not reachable yet")
 		if !l.sleep(backoff) {
 			return nil
 		}
@@ -290,7 +295,7 @@ func (l *listener) handle(it item) {
 		l.started, l.reconnected = true, false
 		if seq > 0 && !l.bootstrapped.Load() {
 			l.expected = 0
-			l.recoverGap(seq)
+			l.recoverGap(seq, true)
 		}
 	case l.reconnected && seq < l.expected:
 		l.reconnected = false
@@ -300,7 +305,7 @@ func (l *listener) handle(it item) {
 		l.clearRank(seq)
 		l.expected = 0
 		if seq > 0 {
-			l.recoverGap(seq)
+			l.recoverGap(seq, false)
 		}
 	default:
 		l.reconnected = false
@@ -310,15 +315,18 @@ func (l *listener) handle(it item) {
 			return
 		}
 		if seq > l.expected {
-			l.recoverGap(seq)
+			l.recoverGap(seq, false)
 		}
 	}
 	l.apply(seq, payload, false)
 }
 
 // recoverGap handles the missing range [l.expected, to): replay it when a replay endpoint is
-// configured, and count whatever was not recovered as lost (§13).
-func (l *listener) recoverGap(to uint64) {
+// configured, and count whatever was not recovered as lost (§13). start marks the first batch of a
+// fresh subscription: without a replay endpoint the batches before it were published before kvepp
+// subscribed, which is expected on every start and logged at info as the subscription's start
+// point; a loss that replay could have recovered, and any later gap, is a warning.
+func (l *listener) recoverGap(to uint64, start bool) {
 	l.m.stats.gaps.Add(1)
 	from := l.expected
 	if l.cfg.endpoints.replay != "" {
@@ -327,6 +335,11 @@ func (l *listener) recoverGap(to uint64) {
 	if l.expected < to {
 		lost := to - l.expected
 		l.m.stats.lostBatches.Add(lost)
+		if start && l.cfg.endpoints.replay == "" {
+			l.log.Info().Uint64("seq", to).Uint64("earlier_batches", lost).
+				Msg("KV event subscription starts at this seq; earlier batches were published before kvepp subscribed (a replay endpoint would fetch them)")
+			return
+		}
 		l.log.Warn().Uint64("from", l.expected).Uint64("to", to).Uint64("lost", lost).Uint64("gap_start", from).
 			Bool("replay", l.cfg.endpoints.replay != "").Msg("KV event batches lost; the index may miss blocks of this rank")
 	}
@@ -347,7 +360,7 @@ func (l *listener) replay(to uint64) {
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			l.m.stats.replaysTimeout.Add(1)
-			rlog.Warn().Dur("timeout", l.m.cfg.ReplayTimeout).Uint64("recovered_to", l.expected).Msg("KV event replay timed out")
+			rlog.Warn().Int64("timeout_ms", l.m.cfg.ReplayTimeout.Milliseconds()).Uint64("recovered_to", l.expected).Msg("KV event replay timed out")
 			return
 		}
 		l.m.stats.replaysFailed.Add(1)
@@ -433,11 +446,20 @@ func (l *listener) apply(seq uint64, payload []byte, replayed bool) {
 		l.log.Debug().Err(e).Uint64("seq", seq).Msg("dropping KV event")
 	}
 	for i := range evs {
-		if err := l.cfg.sink.Apply(evs[i]); err != nil {
-			l.m.stats.sinkErrors[sinkErrorKind(err)].Add(1)
-			l.log.Debug().Err(err).Uint64("seq", seq).Msg("index rejected KV event")
+		err := l.cfg.sink.Apply(evs[i])
+		if err == nil {
+			l.m.stats.eventsApplied.Add(1)
+			continue
 		}
-		l.m.stats.eventsApplied.Add(1)
+		kind := sinkErrorKind(err)
+		l.m.stats.sinkErrors[kind].Add(1)
+		if kind == SinkBlockNotFound {
+			// A removal naming blocks the index does not hold: the known ones were removed.
+			l.m.stats.eventsApplied.Add(1)
+			continue
+		}
+		l.m.stats.eventsRejected.Add(1)
+		l.logRejection(err, seq)
 	}
 	clear(evs)
 	l.evBuf = evs[:0]
@@ -445,6 +467,20 @@ func (l *listener) apply(seq uint64, payload []byte, replayed bool) {
 	if replayed {
 		l.m.stats.replayedBatches.Add(1)
 	}
+}
+
+// logRejection logs an event the index refused at info, at most once per RejectLogInterval for
+// this rank; the line counts the rank's rejections so far.
+func (l *listener) logRejection(err error, seq uint64) {
+	l.rejections++
+	now := time.Now()
+	if !l.lastRejectLog.IsZero() && now.Sub(l.lastRejectLog) < l.m.cfg.RejectLogInterval {
+		return
+	}
+	l.lastRejectLog = now
+	l.log.Info().Err(err).Uint64("seq", seq).Uint64("rank_rejections", l.rejections).
+		Int64("next_log_after_ms", l.m.cfg.RejectLogInterval.Milliseconds()).
+		Msg("index rejected KV event; the index may miss blocks of this rank")
 }
 
 // clearRank removes this rank's blocks from the sink (all tiers) and forgets its namespaces.

@@ -60,7 +60,14 @@ type ManagerConfig struct {
 	ReconnectMinBackoff, ReconnectMaxBackoff time.Duration
 	// DialTimeout bounds one TCP connect attempt; default 5 s.
 	DialTimeout time.Duration
+	// RejectLogInterval is the least time between two info-level logs of events the index
+	// rejected (an unknown parent block, say), per rank; the log line counts every rejection of the
+	// rank so far. Default DefaultRejectLogInterval.
+	RejectLogInterval time.Duration
 }
+
+// DefaultRejectLogInterval is ManagerConfig.RejectLogInterval's default: 10 s.
+const DefaultRejectLogInterval = 10 * time.Second
 
 // Manager errors.
 var (
@@ -111,6 +118,9 @@ func NewManager(cfg ManagerConfig) *Manager {
 	}
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 5 * time.Second
+	}
+	if cfg.RejectLogInterval <= 0 {
+		cfg.RejectLogInterval = DefaultRejectLogInterval
 	}
 	return &Manager{
 		cfg:     cfg,

@@ -90,8 +90,13 @@ type Stats struct {
 	BatchesStale uint64
 	// BatchesDropped counts messages or batches dropped whole, by reason.
 	BatchesDropped [NumBatchDropReasons]uint64
-	// EventsApplied counts index events handed to the sink (Stored, Removed, Cleared).
+	// EventsApplied counts index events the sink applied (Stored, Removed, Cleared), a removal
+	// naming some unknown blocks included (SinkBlockNotFound: the known ones were removed).
 	EventsApplied uint64
+	// EventsRejected counts index events the sink refused (every SinkErrors kind except
+	// SinkBlockNotFound). Each event handed to the sink counts under exactly one of EventsApplied
+	// and EventsRejected.
+	EventsRejected uint64
 	// EventsDropped counts engine events dropped by decoding or conversion, by reason.
 	EventsDropped [NumDropReasons]uint64
 	// SinkErrors counts errors returned by Sink.Apply, by kind.
@@ -127,6 +132,7 @@ type counters struct {
 	batchesStale      atomic.Uint64
 	batchesDropped    [NumBatchDropReasons]atomic.Uint64
 	eventsApplied     atomic.Uint64
+	eventsRejected    atomic.Uint64
 	eventsDropped     [NumDropReasons]atomic.Uint64
 	sinkErrors        [NumSinkErrorKinds]atomic.Uint64
 	gaps              atomic.Uint64
@@ -146,6 +152,7 @@ func (c *counters) snapshot() Stats {
 		BatchesApplied:    c.batchesApplied.Load(),
 		BatchesStale:      c.batchesStale.Load(),
 		EventsApplied:     c.eventsApplied.Load(),
+		EventsRejected:    c.eventsRejected.Load(),
 		Gaps:              c.gaps.Load(),
 		LostBatches:       c.lostBatches.Load(),
 		ReplaysOK:         c.replaysOK.Load(),

@@ -34,6 +34,26 @@ func dialAddress(ep string) string {
 	return ep
 }
 
+// plainDialError returns err with the watched transport's scheme written as the tcp:// the
+// endpoint was configured with, so logs name the endpoint as the operator wrote it; nil stays nil.
+func plainDialError(err error) error {
+	if err == nil || dialScheme == "tcp" {
+		return err
+	}
+	return dialError{err}
+}
+
+// dialError is a dial error whose text names tcp:// instead of the watched transport.
+type dialError struct{ err error }
+
+// Error returns the wrapped error's text with watchedTCPScheme replaced by tcp.
+func (e dialError) Error() string {
+	return strings.ReplaceAll(e.err.Error(), watchedTCPScheme+"://", "tcp://")
+}
+
+// Unwrap returns the dial error.
+func (e dialError) Unwrap() error { return e.err }
+
 // watchedTCP is the transport behind watchedTCPScheme.
 type watchedTCP struct {
 	plain transport.Transport

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"sort"
@@ -52,7 +53,8 @@ type Defaults struct {
 // ParseWorkers decodes a workers file: a YAML or JSON list of worker records in the POST /workers
 // schema (selection-service.md §4.1), parsed with sigs.k8s.io/yaml. Unknown fields are rejected so a
 // misspelt key is an error rather than a silently incomplete worker; every record needs worker_id
-// and ids must be unique. Defaults fill block_size, model_name, max_num_batched_tokens and
+// and ids must be unique, and model_name and routing_group must pass picker.ValidateName (a file
+// cannot register a name the API would refuse). Defaults fill block_size, model_name, max_num_batched_tokens and
 // total_kv_blocks where omitted. Only an explicit empty list ([] in YAML or JSON) means "no
 // workers": an empty or whitespace-only file, and a document that decodes to nothing (only
 // comments, only "---" separators, null or ~), are errors, so a truncated or half-written file
@@ -99,6 +101,11 @@ func ParseWorkers(data []byte, d Defaults) ([]picker.WorkerRecord, error) {
 		if rec.ModelName == "" && d.ModelName != "" {
 			rec.ModelName = d.ModelName
 		}
+		for _, f := range []struct{ field, name string }{{"model_name", rec.ModelName}, {"routing_group", rec.RoutingGroup}} {
+			if err := picker.ValidateName(f.field, f.name); err != nil {
+				return nil, fmt.Errorf("worker record %d (worker_id %d): %w", i, rec.WorkerID, err)
+			}
+		}
 		if rec.MaxNumBatchedTokens == nil && d.MaxNumBatchedTokens > 0 {
 			v := d.MaxNumBatchedTokens
 			rec.MaxNumBatchedTokens = &v
@@ -135,7 +142,12 @@ type FileStats struct {
 	Applied uint64
 	// ApplyFailures counts snapshots whose apply failed (each is retried).
 	ApplyFailures uint64
-	// InvalidFiles counts reads that failed to read or parse (the catalog is left as it was).
+	// Reads counts reads of the file: the one at Start and one per (debounced) change seen in its
+	// directory.
+	Reads uint64
+	// InvalidFiles counts distinct invalid contents (or read errors) seen: a content that does not
+	// read or parse is counted and logged once however often it is read again (the catalog is left
+	// as it was).
 	InvalidFiles uint64
 	// Workers is the number of workers the source currently owns.
 	Workers int
@@ -254,17 +266,29 @@ func (s *FileSource) Stats() FileStats {
 	return s.stats
 }
 
-// read loads and parses the file.
+// read loads and parses the file. On a parse error it still returns the content it read.
 func (s *FileSource) read() ([]byte, []picker.WorkerRecord, error) {
+	s.mu.Lock()
+	s.stats.Reads++
+	s.mu.Unlock()
 	data, err := os.ReadFile(s.cfg.Path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read workers file: %w", err)
 	}
 	recs, err := ParseWorkers(data, s.cfg.Defaults)
 	if err != nil {
-		return nil, nil, fmt.Errorf("workers file %q: %w", s.cfg.Path, err)
+		return data, nil, fmt.Errorf("workers file %q: %w", s.cfg.Path, err)
 	}
 	return data, recs, nil
+}
+
+// invalidSignature identifies an invalid read for logging it once: its error and content.
+func invalidSignature(data []byte, err error) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(err.Error()))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write(data)
+	return h.Sum64()
 }
 
 // loop serializes every apply: file events (debounced), retries, shutdown.
@@ -278,13 +302,16 @@ func (s *FileSource) loop(ctx context.Context) {
 	var pending []picker.WorkerRecord
 	var pendingContent []byte
 	hasPending := false
+	// lastInvalid is the signature of the invalid read last logged (0: the last read was valid),
+	// so one garbled write is reported once however many directory events re-read it.
+	var lastInvalid uint64
 
 	attempt := func(recs []picker.WorkerRecord, content []byte) {
 		if err := s.apply(ctx, recs); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			s.log.Error().Err(err).Dur("retry_in", s.cfg.RetryInterval).Msg("workers file snapshot apply failed; will retry")
+			s.log.Error().Err(err).Int64("retry_in_ms", s.cfg.RetryInterval.Milliseconds()).Msg("workers file snapshot apply failed; will retry")
 			pending, pendingContent, hasPending = recs, content, true
 			s.setPending(true, true)
 			retry.Reset(s.cfg.RetryInterval)
@@ -316,12 +343,16 @@ func (s *FileSource) loop(ctx context.Context) {
 		case <-debounce.C:
 			data, recs, err := s.read()
 			if err != nil {
-				s.mu.Lock()
-				s.stats.InvalidFiles++
-				s.mu.Unlock()
-				s.log.Error().Err(err).Msg("workers file ignored; keeping the current catalog")
+				if sig := invalidSignature(data, err); sig != lastInvalid {
+					lastInvalid = sig
+					s.mu.Lock()
+					s.stats.InvalidFiles++
+					s.mu.Unlock()
+					s.log.Error().Err(err).Msg("workers file ignored; keeping the current catalog")
+				}
 				continue
 			}
+			lastInvalid = 0
 			if !hasPending && bytes.Equal(data, s.lastContent) {
 				continue
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -141,6 +142,10 @@ func TestParseWorkers(t *testing.T) {
 			want: []picker.WorkerRecord{{WorkerID: 4, ModelName: "m", BlockSize: u32(8), MaxNumBatchedTokens: u64(100), TotalKVBlocks: u64(9)}},
 		},
 		{name: "an empty file is rejected", in: "  \n", wantErr: "workers file is empty"},
+		{name: "a routing group with a colon is rejected as the API rejects it", in: `[{"worker_id": 3, "routing_group": "b:c"}]`,
+			wantErr: "worker record 0 (worker_id 3): routing_group \"b:c\" must not contain ':'"},
+		{name: "a model name with a control character is rejected", in: `[{"worker_id": 3, "model_name": "m\u0000"}]`,
+			wantErr: "control character U+0000"},
 		{name: "a comment-only file is rejected like an empty one", in: "# all workers go here\n# none yet\n", wantErr: "workers file has no worker list"},
 		{name: "a file of document separators only is rejected", in: "---\n# nothing\n---\n", wantErr: "workers file has no worker list"},
 		{name: "an explicit null document is rejected", in: "null\n", wantErr: "workers file has no worker list"},
@@ -327,6 +332,32 @@ func TestFileSource(t *testing.T) {
 		}
 		h.write("- worker_id: 1\n  endpoint: http://127.0.0.1:8001\n")
 		h.waitEndpoints(map[uint64]string{1: "http://127.0.0.1:8001"})
+	})
+
+	t.Run("one invalid content is logged and counted once however often it is read", func(t *testing.T) {
+		h := newHarness(t, twoWorkers)
+		h.start()
+		h.write("- worker_id: [garbled")
+		h.waitFor("the invalid file to be read", func() bool { return h.src.Stats().Reads >= 2 })
+		for i := 0; i < 3; i++ {
+			// Another file of the directory changes: the workers file is read again, unchanged.
+			reads := h.src.Stats().Reads
+			if err := os.WriteFile(filepath.Join(filepath.Dir(h.path), "sibling"), []byte(strconv.Itoa(i)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			h.waitFor("the workers file to be read again", func() bool { return h.src.Stats().Reads > reads })
+		}
+		if n := strings.Count(h.logs.String(), "keeping the current catalog"); n != 1 {
+			t.Fatalf("the invalid content was logged %d times:\n%s", n, h.logs.String())
+		}
+		if st := h.src.Stats(); st.InvalidFiles != 1 {
+			t.Fatalf("InvalidFiles = %d, want 1", st.InvalidFiles)
+		}
+		h.write("- worker_id: [garbled again")
+		h.waitFor("a different invalid content to be counted", func() bool { return h.src.Stats().InvalidFiles == 2 })
+		if n := strings.Count(h.logs.String(), "keeping the current catalog"); n != 2 {
+			t.Fatalf("a second invalid content was logged %d times in all, want 2", n)
+		}
 	})
 
 	for _, doc := range []struct{ what, content string }{

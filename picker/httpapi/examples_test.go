@@ -377,8 +377,18 @@ func TestSpecSelectionExamples(t *testing.T) {
 	t.Run("token_ids decode as u32 integers only", func(t *testing.T) {
 		e := newEnv(t)
 		e.worker(1, "")
-		for _, bad := range []string{`[4294967296]`, `[-1]`, `[1.5]`, `["1"]`, `[1e3]`, `{"a":1}`, `7`, `[[1]]`, `[1,null]`} {
-			e.fails(422, "token_ids: expected an array of integers", "POST", "/select", `{"model_name":"model","token_ids":`+bad+`}`)
+		for bad, want := range map[string]string{
+			`[4294967296]`: "token_ids[0]: expected an integer in [0, 4294967295], got JSON number 4294967296",
+			`[-1]`:         "token_ids[0]: expected an integer",
+			`[1.5]`:        "token_ids[0]: expected an integer",
+			`["1"]`:        `token_ids[0]: expected an integer in [0, 4294967295], got JSON string "1"`,
+			`[1e3]`:        "token_ids[0]: expected an integer",
+			`{"a":1}`:      "token_ids: expected an array of integers",
+			`7`:            "token_ids: expected an array of integers",
+			`[[1]]`:        "token_ids[0]: expected an integer in [0, 4294967295], got JSON array",
+			`[1,null]`:     "token_ids[1]: expected an integer in [0, 4294967295], got JSON null",
+		} {
+			e.fails(422, want, "POST", "/select", `{"model_name":"model","token_ids":`+bad+`}`)
 		}
 		v := obj(t, e.ok(200, "POST", "/select_and_reserve", `{"model_name":"model","token_ids":[ 1 ,2,	3
 			, 4294967295 ]}`))

@@ -5,6 +5,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,9 +19,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvepp/kvepp/internal/excerpt"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -289,7 +292,8 @@ func (h *Handler) reply(w http.ResponseWriter, r *http.Request, status int, v an
 
 // decodeBody enforces the §2 body conventions and decodes the JSON body into v. It writes the
 // error response itself and returns false on failure: 415 without Content-Type application/json,
-// 413 over the limit, 400 malformed JSON, 422 valid JSON of the wrong shape. allowEmpty makes an
+// 413 over the limit, 400 malformed JSON (invalid UTF-8 included), 422 valid JSON of the wrong
+// shape (a null body included). allowEmpty makes an
 // empty body (with or without a Content-Type) decode as {}.
 func (h *Handler) decodeBody(w http.ResponseWriter, r *http.Request, v any, allowEmpty bool) bool {
 	if !allowEmpty && !isJSON(r.Header.Get("Content-Type")) {
@@ -313,6 +317,17 @@ func (h *Handler) decodeBody(w http.ResponseWriter, r *http.Request, v any, allo
 		writeError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json")
 		return false
 	}
+	if !utf8.Valid(body) {
+		// RFC 8259 §8.1: JSON text is UTF-8. encoding/json would silently replace invalid bytes
+		// with U+FFFD, merging distinct names into one.
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("malformed JSON: the body is not valid UTF-8 (first invalid byte at offset %d)", invalidUTF8Offset(body)))
+		return false
+	}
+	if bytes.Equal(bytes.Trim(body, " \t\r\n"), []byte("null")) {
+		// encoding/json accepts null for a struct and leaves it zero; it is a non-object body.
+		writeError(w, http.StatusUnprocessableEntity, "request body: expected an object, got JSON null")
+		return false
+	}
 	if err := json.Unmarshal(body, v); err != nil {
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
@@ -323,6 +338,19 @@ func (h *Handler) decodeBody(w http.ResponseWriter, r *http.Request, v any, allo
 		return false
 	}
 	return true
+}
+
+// invalidUTF8Offset returns the offset of the first byte of b that starts an invalid UTF-8
+// sequence (len(b) when there is none).
+func invalidUTF8Offset(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return len(b)
 }
 
 // isJSON reports whether a Content-Type header names application/json (parameters allowed).
@@ -336,7 +364,7 @@ func isJSON(ct string) bool {
 
 // schemaMessage renders a decoding error of well-formed JSON into a body of type root (422) in
 // JSON terms only — the field's JSON path and the expected JSON type, never Go type names:
-// "token_ids: expected an array of integers in [0, 4294967295], got JSON number -1",
+// "token_ids[3]: expected an integer in [0, 4294967295], got JSON number -1",
 // "request body: expected an object, got JSON array".
 func schemaMessage(root reflect.Type, err error) string {
 	var te *json.UnmarshalTypeError
@@ -358,7 +386,8 @@ func schemaMessage(root reflect.Type, err error) string {
 }
 
 // resolveField walks a decoder error's Go field path ("promptBody.token_ids",
-// "WorkerRecord.block_size", "block_mm_infos.mm_objects.mm_hash") through root, dropping the
+// "WorkerRecord.block_size", "block_mm_infos.mm_objects.mm_hash", "token_ids.[3]" for an element
+// a list decoder named, rendered "token_ids[3]") through root, dropping the
 // names of embedded structs (which are not JSON fields) and stepping into arrays, pointers and
 // map values. It returns the JSON path and the field's declared type; the type is nil when a
 // segment cannot be resolved (the path is then the segments seen so far plus the rest as written,
@@ -371,6 +400,11 @@ func resolveField(root reflect.Type, field string) (string, reflect.Type) {
 	var names []string
 	for _, seg := range strings.Split(field, ".") {
 		t = elemType(t)
+		if strings.HasPrefix(seg, "[") && len(names) > 0 {
+			// An element index added by a list decoder: t is already the element type.
+			names[len(names)-1] += seg
+			continue
+		}
 		switch {
 		case t != nil && t.Kind() == reflect.Map:
 			names = append(names, seg)
@@ -556,11 +590,16 @@ func (h *Handler) patchWorker(w http.ResponseWriter, r *http.Request, idStr stri
 	if h.shuttingDown(w) {
 		return
 	}
-	var p picker.WorkerPatch
+	var p patchBody
 	if !h.decodeBody(w, r, &p, false) {
 		return
 	}
-	st, err := h.core.PatchWorker(r.Context(), id, p)
+	if field := p.partitionField(); field != "" {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf(
+			"PATCH cannot change %s: a PATCH cannot move a worker between partitions (selection-service.md §4.3); register the whole record with POST /workers instead", field))
+		return
+	}
+	st, err := h.core.PatchWorker(r.Context(), id, p.WorkerPatch)
 	h.reply(w, r, http.StatusOK, st, err)
 }
 
@@ -648,15 +687,25 @@ func (h *Handler) shuttingDown(w http.ResponseWriter) bool {
 	return false
 }
 
+// emptyID answers 400 for a lifecycle path without a selection id ("/reservations/"); it writes
+// the error itself.
+func emptyID(w http.ResponseWriter, id string) bool {
+	if id == "" {
+		writeError(w, http.StatusBadRequest, "selection_id in the path is empty")
+		return true
+	}
+	return false
+}
+
 func (h *Handler) prefillComplete(w http.ResponseWriter, r *http.Request, id string) {
-	if h.shuttingDown(w) {
+	if emptyID(w, id) || h.shuttingDown(w) {
 		return
 	}
 	h.reply(w, r, http.StatusOK, okBody, h.core.PrefillComplete(r.Context(), id))
 }
 
 func (h *Handler) outputBlock(w http.ResponseWriter, r *http.Request, id string) {
-	if h.shuttingDown(w) {
+	if emptyID(w, id) || h.shuttingDown(w) {
 		return
 	}
 	var b outputBlockBody
@@ -667,7 +716,7 @@ func (h *Handler) outputBlock(w http.ResponseWriter, r *http.Request, id string)
 }
 
 func (h *Handler) free(w http.ResponseWriter, r *http.Request, id string) {
-	if h.shuttingDown(w) {
+	if emptyID(w, id) || h.shuttingDown(w) {
 		return
 	}
 	h.reply(w, r, http.StatusOK, okBody, h.core.Free(r.Context(), id))
@@ -806,39 +855,39 @@ func (h *Handler) deregisterPeer(w http.ResponseWriter, r *http.Request) {
 func ValidateReplicaEndpoint(ep string) error {
 	scheme, addr, ok := strings.Cut(ep, "://")
 	if !ok {
-		return fmt.Errorf("invalid endpoint %q: expected scheme://address", ep)
+		return fmt.Errorf("invalid endpoint %q: expected scheme://address", excerpt.Of(ep))
 	}
 	switch scheme {
 	case "ipc", "inproc":
 		if addr == "" {
-			return fmt.Errorf("invalid endpoint %q: empty address", ep)
+			return fmt.Errorf("invalid endpoint %q: empty address", excerpt.Of(ep))
 		}
 		return nil
 	case "tcp":
 	default:
-		return fmt.Errorf("invalid endpoint %q: scheme must be tcp, ipc or inproc", ep)
+		return fmt.Errorf("invalid endpoint %q: scheme must be tcp, ipc or inproc", excerpt.Of(ep))
 	}
 	i := strings.LastIndexByte(addr, ':')
 	if i < 0 {
-		return fmt.Errorf("invalid endpoint %q: tcp endpoints need host:port", ep)
+		return fmt.Errorf("invalid endpoint %q: tcp endpoints need host:port", excerpt.Of(ep))
 	}
 	host, port := addr[:i], addr[i+1:]
 	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
-		return fmt.Errorf("invalid endpoint %q: port %q is not an integer in 0..65535", ep, port)
+		return fmt.Errorf("invalid endpoint %q: port %q is not an integer in 0..65535", excerpt.Of(ep), excerpt.Of(port))
 	}
 	if host == "" {
-		return fmt.Errorf("invalid endpoint %q: empty host", ep)
+		return fmt.Errorf("invalid endpoint %q: empty host", excerpt.Of(ep))
 	}
 	bracketed := strings.HasPrefix(host, "[") || strings.HasSuffix(host, "]")
 	if bracketed {
 		inner, ok := strings.CutPrefix(host, "[")
 		if inner, ok2 := strings.CutSuffix(inner, "]"); !ok || !ok2 || inner == "" || strings.ContainsAny(inner, "[]") {
-			return fmt.Errorf("invalid endpoint %q: malformed bracketed host", ep)
+			return fmt.Errorf("invalid endpoint %q: malformed bracketed host", excerpt.Of(ep))
 		}
 		return nil
 	}
 	if strings.Contains(host, ":") {
-		return fmt.Errorf("invalid endpoint %q: IPv6 hosts must be bracketed", ep)
+		return fmt.Errorf("invalid endpoint %q: IPv6 hosts must be bracketed", excerpt.Of(ep))
 	}
 	return nil
 }

@@ -215,7 +215,7 @@ func TestPatchAndDeleteWorker(t *testing.T) {
 	if st != 201 || obj(t, v)["lifecycle"] != "incomplete" {
 		t.Fatalf("%d %v", st, v)
 	}
-	st, v = call(t, srv, "PATCH", "/workers/1", `{"endpoint":"http://w:1","model_name":"ignored"}`)
+	st, v = call(t, srv, "PATCH", "/workers/1", `{"endpoint":"http://w:1"}`)
 	if m := obj(t, v); st != 200 || m["lifecycle"] != "schedulable" || m["model_name"] != "model" {
 		t.Fatalf("PATCH = %d %v", st, v)
 	}

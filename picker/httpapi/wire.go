@@ -1,12 +1,15 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
 
+	"github.com/kvepp/kvepp/internal/excerpt"
+	"github.com/kvepp/kvepp/internal/tokenjson"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -38,14 +41,15 @@ func (h *Hash) UnmarshalJSON(b []byte) error {
 }
 
 // jsonValue describes a raw JSON value for an error message by its JSON kind, with scalars
-// quoted as written (truncated to 40 bytes): `string "x"`, "number 1.5", "array", "null".
+// quoted as written up to 100 bytes, a cut marked with "…": `string "x"`, "number 1.5", "array",
+// "null".
 func jsonValue(raw string) string {
 	if raw == "" {
 		return "value"
 	}
 	switch raw[0] {
 	case '"':
-		return "string " + truncate(raw, 40)
+		return "string " + excerpt.Of(raw)
 	case '[':
 		return "array"
 	case '{':
@@ -55,15 +59,7 @@ func jsonValue(raw string) string {
 	case 'n':
 		return "null"
 	}
-	return "number " + truncate(raw, 40)
-}
-
-// truncate shortens s to at most n bytes for error messages.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
+	return "number " + excerpt.Of(raw)
 }
 
 func hashesIn(hs []Hash) []uint64 {
@@ -85,9 +81,16 @@ func hashesOut(hs []uint64) []Hash {
 	return out
 }
 
+// elementError is the 422 of one bad array element: the decoder adds the field path in front of
+// Field "[i]", which schemaMessage renders as "token_ids[3]: expected an integer in …, got JSON
+// number 18446744073709551616".
+func elementError(raw []byte, index int, elem reflect.Type) error {
+	return &json.UnmarshalTypeError{Value: jsonValue(string(raw)), Type: elem, Field: "[" + strconv.Itoa(index) + "]"}
+}
+
 // tokenList is a JSON array of u32 token ids, decoded without reflection (prompts are the bulk of
-// every selection body). null leaves it nil; anything but an array of integers in [0, 2^32-1] is
-// a *json.UnmarshalTypeError (422).
+// every selection body). null leaves it nil; [] is empty and non-nil; an element that is not an
+// integer in [0, 2^32-1] (null included) is a 422 naming its index.
 type tokenList []uint32
 
 // UnmarshalJSON implements json.Unmarshaler for an already syntax-checked JSON value.
@@ -95,62 +98,113 @@ func (t *tokenList) UnmarshalJSON(b []byte) error {
 	if string(b) == "null" {
 		return nil
 	}
-	bad := func(v string) error {
-		return &json.UnmarshalTypeError{Value: jsonValue(v), Type: reflect.TypeFor[tokenList]()}
+	ids, err := tokenjson.AppendIDs([]uint32{}, b)
+	if err != nil {
+		var te *tokenjson.Error
+		if errors.As(err, &te) && te.Index >= 0 {
+			return elementError(b[te.Offset:valueEnd(b, te.Offset)], te.Index, reflect.TypeFor[uint32]())
+		}
+		return &json.UnmarshalTypeError{Value: jsonValue(string(b)), Type: reflect.TypeFor[tokenList]()}
 	}
-	if len(b) < 2 || b[0] != '[' {
-		return bad(string(b))
+	if n := bytes.IndexByte(b, 'n'); n >= 0 {
+		// The array holds only numbers and nulls: a 'n' starts a null element, which tokenjson
+		// (like encoding/json) reads as 0; a token id is an integer.
+		return elementError(b[n:n+len("null")], bytes.Count(b[:n], []byte{','}), reflect.TypeFor[uint32]())
 	}
-	out := make([]uint32, 0, len(b)/4)
-	i := 1
-	skip := func() {
-		for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-			i++
+	*t = ids
+	return nil
+}
+
+// hashList is a JSON array of hashes (Hash); a bad element is a 422 naming its index.
+type hashList []Hash
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (l *hashList) UnmarshalJSON(b []byte) error {
+	out, err := decodeList(b, reflect.TypeFor[hashList](), reflect.TypeFor[Hash](), func(raw []byte) (Hash, bool) {
+		var h Hash
+		return h, h.UnmarshalJSON(raw) == nil
+	})
+	*l = out
+	return err
+}
+
+// idList is a JSON array of u64 worker ids; a bad element is a 422 naming its index.
+type idList []uint64
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (l *idList) UnmarshalJSON(b []byte) error {
+	out, err := decodeList(b, reflect.TypeFor[idList](), reflect.TypeFor[uint64](), func(raw []byte) (uint64, bool) {
+		v, err := strconv.ParseUint(string(raw), 10, 64)
+		return v, err == nil
+	})
+	*l = out
+	return err
+}
+
+// decodeList decodes b, a syntax-checked JSON value, as an array whose elements parse converts:
+// null is a nil list, [] an empty non-nil one; a non-array is a 422 for listType, the first
+// element parse refuses a 422 for elem naming its index.
+func decodeList[T any](b []byte, listType, elem reflect.Type, parse func([]byte) (T, bool)) ([]T, error) {
+	if string(b) == "null" {
+		return nil, nil
+	}
+	if len(b) == 0 || b[0] != '[' {
+		return nil, &json.UnmarshalTypeError{Value: jsonValue(string(b)), Type: listType}
+	}
+	out := make([]T, 0, bytes.Count(b, []byte{','})+1)
+	i := tokenjson.SkipSpace(b, 1)
+	for idx := 0; i < len(b) && b[i] != ']'; idx++ {
+		end := valueEnd(b, i)
+		v, ok := parse(b[i:end])
+		if !ok {
+			return nil, elementError(b[i:end], idx, elem)
+		}
+		out = append(out, v)
+		i = tokenjson.SkipSpace(b, end)
+		if i < len(b) && b[i] == ',' {
+			i = tokenjson.SkipSpace(b, i+1)
 		}
 	}
-	skip()
-	if i < len(b) && b[i] == ']' {
-		*t = out
-		return nil
+	return out, nil
+}
+
+// valueEnd returns the offset just past the JSON value starting at b[i] in syntax-checked JSON:
+// strings end at their closing quote, arrays and objects at their matching bracket, other values
+// at the next ',', ']', '}' or whitespace.
+func valueEnd(b []byte, i int) int {
+	if i >= len(b) {
+		return len(b)
 	}
-	for i < len(b) {
-		skip()
-		start := i
-		var v uint64
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			v = v*10 + uint64(b[i]-'0')
-			if v > 1<<32-1 {
-				return bad(string(b[start:min(i+1, len(b))]))
+	depth, inString := 0, false
+	for j := i; j < len(b); j++ {
+		c := b[j]
+		switch {
+		case inString:
+			if c == '\\' {
+				j++
+			} else if c == '"' {
+				inString = false
+				if depth == 0 {
+					return j + 1
+				}
 			}
-			i++
-		}
-		if i == start || (b[start] == '0' && i-start > 1) {
-			end := start
-			for end < len(b) && b[end] != ',' && b[end] != ']' {
-				end++
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			depth++
+		case c == ']' || c == '}':
+			if depth == 0 {
+				return j
 			}
-			return bad(string(b[start:end]))
+			depth--
+			if depth == 0 {
+				return j + 1
+			}
+		case depth == 0 && (c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r'):
+			return j
 		}
-		skip()
-		if i >= len(b) {
-			break
-		}
-		out = append(out, uint32(v))
-		switch b[i] {
-		case ',':
-			i++
-			continue
-		case ']':
-			*t = out
-			return nil
-		}
-		end := i
-		for end < len(b) && b[end] != ',' && b[end] != ']' {
-			end++
-		}
-		return bad(string(b[start:end]))
 	}
-	return bad(string(b))
+	return len(b)
 }
 
 // mmObject is one multimodal item of a block (§6.1).
@@ -177,8 +231,8 @@ type promptBody struct {
 	LoraName       string         `json:"lora_name"`
 	CacheSalt      string         `json:"cache_salt"`
 	IsEagle        *bool          `json:"is_eagle"`
-	BlockHashes    []Hash         `json:"block_hashes"`
-	SequenceHashes []Hash         `json:"sequence_hashes"`
+	BlockHashes    hashList       `json:"block_hashes"`
+	SequenceHashes hashList       `json:"sequence_hashes"`
 	ISLTokens      *uint64        `json:"isl_tokens"`
 }
 
@@ -255,7 +309,7 @@ type selectBody struct {
 	SessionContext       *sessionContextBody          `json:"session_context"`
 	AffinityTarget       *workerRankBody              `json:"affinity_target"`
 	PinnedWorker         *workerRankBody              `json:"pinned_worker"`
-	AllowedWorkerIDs     []uint64                     `json:"allowed_worker_ids"`
+	AllowedWorkerIDs     idList                       `json:"allowed_worker_ids"`
 	RoutingConstraints   *picker.RoutingConstraints   `json:"routing_constraints"`
 	Advisory             bool                         `json:"advisory"`
 }
@@ -396,6 +450,25 @@ func toReserveResponse(sel picker.Selection) reserveResponse {
 type workerBody struct {
 	picker.WorkerRecord
 	WorkerID *uint64 `json:"worker_id"`
+}
+
+// patchBody is PATCH /workers/{worker_id} (§4.3): the patch plus the two partition fields, read
+// only to refuse them (a null value counts as not supplied).
+type patchBody struct {
+	picker.WorkerPatch
+	ModelName    any `json:"model_name"`
+	RoutingGroup any `json:"routing_group"`
+}
+
+// partitionField names the first partition field the body supplies, or "".
+func (b *patchBody) partitionField() string {
+	switch {
+	case b.ModelName != nil:
+		return "model_name"
+	case b.RoutingGroup != nil:
+		return "routing_group"
+	}
+	return ""
 }
 
 // outputBlockBody is POST /reservations/{id}/output_block (§10.2).

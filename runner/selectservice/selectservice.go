@@ -414,12 +414,11 @@ func restoreAll(svc *picker.Service, dump map[string]picker.PartitionDump, threa
 	sem := make(chan struct{}, threads)
 	var wg sync.WaitGroup
 	for key, pd := range dump {
-		i := strings.LastIndexByte(key, ':')
-		if i < 0 {
-			log.Warn().Str("key", key).Msg("recovered dump key is not \"model:group\"; skipped")
+		pk, err := picker.ParsePartitionKey(key)
+		if err != nil {
+			log.Warn().Err(err).Msg("recovered dump key skipped")
 			continue
 		}
-		pk := picker.PartitionKey{ModelName: key[:i], RoutingGroup: key[i+1:]}
 		events := pd.Events
 		bs := pd.BlockSize
 		wg.Add(1)
