@@ -28,7 +28,6 @@ import (
 	"io"
 	"net"
 	"strconv"
-	"testing"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -712,10 +711,18 @@ func SubsetHintMetadata(v any) (*corev3.Metadata, error) {
 	}}, nil
 }
 
+// TB is the part of testing.TB that Serve uses. Declaring it here keeps the testing package (and
+// its flags) out of binaries that use the emulator as a client, such as `epp route`.
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
+
 // Serve starts a gRPC server on 127.0.0.1:0 with the given options, lets register add its services,
 // and returns a plaintext client connection to it. The server and connection are stopped by
-// tb.Cleanup.
-func Serve(tb testing.TB, register func(*grpc.Server), opts ...grpc.ServerOption) *grpc.ClientConn {
+// tb.Cleanup; a listen or dial failure fails tb (pass the test's *testing.T or *testing.B).
+func Serve(tb TB, register func(*grpc.Server), opts ...grpc.ServerOption) *grpc.ClientConn {
 	tb.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
