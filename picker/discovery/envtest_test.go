@@ -153,7 +153,9 @@ func TestEnvtestInferencePoolDiscovery(t *testing.T) {
 	t.Run("a missing InferencePool CRD is a clear log line and not ready until it is installed", func(t *testing.T) {
 		ns := newNS("crd")
 		h := startEnvDiscovery(t, env.Config, admin, ns)
-		h.waitFor("the missing CRD reported", func() bool { return strings.Contains(h.log.String(), "InferencePool CRD (inference.networking.k8s.io/v1) is not installed") })
+		h.waitFor("the missing CRD reported", func() bool {
+			return strings.Contains(h.log.String(), "InferencePool CRD (inference.networking.k8s.io/v1) is not installed")
+		})
 		if st := h.src.Stats(); st.Ready || !strings.Contains(st.Problem, "CRD") {
 			t.Fatalf("stats %+v", st)
 		}
