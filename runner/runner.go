@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +30,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"k8s.io/client-go/rest"
 
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/extproc"
@@ -91,6 +93,9 @@ type Options struct {
 	// HTTPTimeouts bounds the connections of the selection side port and the metrics port; zero
 	// fields take DefaultHTTPTimeouts' values.
 	HTTPTimeouts HTTPTimeouts
+	// KubeRestConfig reaches the Kubernetes API server for InferencePool discovery (tests: an
+	// envtest control plane); nil = in-cluster service account, KUBECONFIG or ~/.kube/config.
+	KubeRestConfig *rest.Config
 }
 
 // HTTPTimeouts bounds the connections of every HTTP server the runner starts (the selection side
@@ -158,6 +163,12 @@ type Instance struct {
 
 	events     *kvevents.Manager
 	discovery  *discovery.FileSource
+	// kube, pool and kubeDone are InferencePool discovery (nil without DYN_EPP_INFERENCE_POOL_NAME);
+	// poolServing turns true when startup finished, after which readiness follows the pool.
+	kube        *discovery.Kube
+	pool        *discovery.PoolSource
+	kubeDone    chan struct{}
+	poolServing atomic.Bool
 	grpcServer *grpc.Server
 	healthSrv  *grpc.Server
 	httpSrv    *http.Server
@@ -367,9 +378,17 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		}
 		cleanups = append(cleanups, func() { _ = inst.discovery.Close() })
 	}
+	// 3. Kubernetes discovery: the pool's pods register in the background; readiness waits.
+	if cfg.InferencePoolName != "" {
+		if err := inst.startPoolDiscovery(runCtx, cfg, opts.KubeRestConfig, log); err != nil {
+			return nil, err
+		}
+		cleanups = append(cleanups, func() { _ = inst.pool.Close() })
+	}
 
-	// 4-5. Recovery from a peer's /dump, then the buffered KV events are released.
-	if len(cfg.IndexerPeers) > 0 {
+	// 4-5. Recovery from a peer's /dump, then the buffered KV events are released (for an
+	// InferencePool, after its pods are registered: awaitPoolReady).
+	if len(cfg.IndexerPeers) > 0 && inst.pool == nil {
 		recovered := recoverIndex(ctx, inst.Service, cfg.IndexerPeers, cfg.RecoveryTimeout.Duration(), log)
 		if inst.events != nil {
 			inst.events.ReleaseEvents(recovered)
@@ -377,6 +396,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	}
 
 	inst.Metrics.MustRegister(&statsCollector{svc: inst.Service, events: inst.events, disc: inst.discovery})
+	inst.Metrics.MustRegister(&poolCollector{svc: inst.Service, pool: inst.pool, name: cfg.InferencePoolName})
 
 	// 6. ext_proc server (TLS or h2c), with the health service registered on it too.
 	var toks tokResult
@@ -397,6 +417,10 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		MaxDestinations:     cfg.MaxDestinations,
 		Ready:               inst.Health.Ready,
 		Logger:              log.With().Str("component", "extproc").Logger(),
+		Addresses:           inst.rankAddresses(),
+		// The conformance hooks name the pool; without one they still work on the workers file.
+		ConformanceTestHooks: bool(cfg.ConformanceTestHooks),
+		PoolName:             inst.poolName(),
 	})
 	if err != nil {
 		return nil, err
@@ -422,8 +446,18 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 
 	inst.Metrics.MustRegister(inst.ExtProc.Metrics())
 
-	// Ready.
+	// Ready (an InferencePool EPP once its pods are registered: awaitPoolReady).
 	started = true
+	if inst.pool != nil {
+		go inst.awaitPoolReady(runCtx, cfg, log)
+		log.Info().
+			Str("ext_proc", inst.addrs.GRPC).Bool("tls", bool(cfg.SecureServing)).
+			Str("health", inst.addrs.Health).Str("selection", inst.addrs.Selection).Str("metrics", inst.addrs.Metrics).
+			Str("inference_pool", cfg.PodNamespace+"/"+cfg.InferencePoolName).Str("tokenizer_protocol", cfg.EffectiveTokenizerProtocol()).
+			Bool("use_kv_events", bool(cfg.UseKVEvents)).
+			Msg("kvepp started: readiness NOT_SERVING until the InferencePool is synced")
+		return inst, nil
+	}
 	inst.Health.SetReady(true)
 	log.Info().
 		Str("ext_proc", inst.addrs.GRPC).Bool("tls", bool(cfg.SecureServing)).
@@ -478,6 +512,9 @@ func (i *Instance) stop(ctx context.Context) error {
 	if i.discovery != nil {
 		_ = i.discovery.Close()
 	}
+	if i.pool != nil {
+		_ = i.pool.Close()
+	}
 	i.Service.BeginShutdown()
 
 	var errs []error
@@ -493,6 +530,9 @@ func (i *Instance) stop(ctx context.Context) error {
 	}
 	i.runCancel()
 	<-i.runDone
+	if i.kubeDone != nil {
+		<-i.kubeDone
+	}
 	if err := i.metricsSrv.Shutdown(sctx); err != nil {
 		_ = i.metricsSrv.Close()
 	}

@@ -2,9 +2,6 @@ package discovery
 
 import (
 	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,44 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/kvepp/kvepp/internal/syncbuf"
+	"github.com/kvepp/kvepp/picker/discovery/discoverytest"
 )
-
-// inferencePoolCRDDir returns the directory of the InferencePool CRD in the module cache (the
-// GIE module kvepp builds against), for envtest.
-func inferencePoolCRDDir(t *testing.T) string {
-	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api-inference-extension").Output()
-	if err != nil {
-		t.Fatalf("locate the gateway-api-inference-extension module: %v", err)
-	}
-	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "bases")
-	if _, err := os.Stat(filepath.Join(dir, "inference.networking.k8s.io_inferencepools.yaml")); err != nil {
-		t.Fatalf("InferencePool CRD not found: %v", err)
-	}
-	return dir
-}
-
-// startEnvtest starts a real kube-apiserver and etcd (controller-runtime envtest) from
-// KUBEBUILDER_ASSETS, or skips the test when the assets are not prepared.
-func startEnvtest(t *testing.T) *envtest.Environment {
-	t.Helper()
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		t.Skip("KUBEBUILDER_ASSETS is not set: no kube-apiserver/etcd for envtest " +
-			"(prepare them with ../shared/tools/envtest-assets.sh DIR and export KUBEBUILDER_ASSETS=DIR; scripts/test.sh does this when the assets exist)")
-	}
-	env := &envtest.Environment{}
-	start := time.Now()
-	if _, err := env.Start(); err != nil {
-		t.Fatalf("start envtest control plane: %v", err)
-	}
-	t.Logf("envtest control plane started in %v", time.Since(start).Round(time.Millisecond))
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("stop envtest: %v", err)
-		}
-	})
-	return env
-}
 
 // envHarness runs the production wiring (NewKube → WatchInferencePool → PoolSource) against a real
 // API server: every snapshot is triggered by informer events, never by the test.
@@ -137,7 +98,7 @@ func envPod(ns, name, app, ip string, mods ...func(*corev1.Pod)) *corev1.Pod {
 }
 
 func TestEnvtestInferencePoolDiscovery(t *testing.T) {
-	env := startEnvtest(t)
+	env := discoverytest.Start(t, false)
 	admin, err := client.New(env.Config, client.Options{Scheme: Scheme()})
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +120,7 @@ func TestEnvtestInferencePoolDiscovery(t *testing.T) {
 		if st := h.src.Stats(); st.Ready || !strings.Contains(st.Problem, "CRD") {
 			t.Fatalf("stats %+v", st)
 		}
-		if _, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{inferencePoolCRDDir(t)}, ErrorIfPathMissing: true}); err != nil {
+		if _, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{discoverytest.InferencePoolCRDDir(t)}, ErrorIfPathMissing: true}); err != nil {
 			t.Fatalf("install CRDs: %v", err)
 		}
 		h.waitFor("the pool reported missing once the CRD exists", func() bool { return strings.Contains(h.src.Stats().Problem, "InferencePool crd/qwen not found") })

@@ -242,9 +242,11 @@ func (s *PoolSource) Trigger() {
 	}
 }
 
-// Start starts the source's loop and reads the first snapshot. It returns at once: the source
-// becomes ready in the background (WaitReady, Ready, OnReadyChange). The loop runs until ctx
-// ends or Close is called.
+// Start starts the source's loop and returns at once. The first snapshot is read on the first
+// Trigger — Kube.WatchInferencePool triggers once its informer caches have synced, so the source
+// never waits on an unsynced cache; a plain client.Reader's user calls Trigger itself. The source
+// becomes ready in the background (WaitReady, Ready, OnReadyChange). The loop runs until ctx ends
+// or Close is called.
 func (s *PoolSource) Start(ctx context.Context) error {
 	if s.started {
 		return errors.New("InferencePool source already started")
@@ -253,7 +255,6 @@ func (s *PoolSource) Start(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	s.cancel = cancel
 	go s.loop(runCtx)
-	s.Trigger()
 	return nil
 }
 

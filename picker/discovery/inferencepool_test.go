@@ -154,6 +154,7 @@ func newPoolHarness(t *testing.T, objs []client.Object, opts ...harnessOpt) *poo
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = src.Close() })
+	src.Trigger() // as the informers do once synced
 	return h
 }
 
