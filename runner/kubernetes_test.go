@@ -84,8 +84,8 @@ func TestInferencePoolEPP(t *testing.T) {
 	pool := &inferencev1.InferencePool{
 		ObjectMeta: metav1.ObjectMeta{Name: "qwen", Namespace: cfg.PodNamespace},
 		Spec: inferencev1.InferencePoolSpec{
-			Selector:    inferencev1.LabelSelector{MatchLabels: map[inferencev1.LabelKey]inferencev1.LabelValue{"app": "vllm"}},
-			TargetPorts: []inferencev1.Port{{Number: inferencev1.PortNumber(port)}},
+			Selector:          inferencev1.LabelSelector{MatchLabels: map[inferencev1.LabelKey]inferencev1.LabelValue{"app": "vllm"}},
+			TargetPorts:       []inferencev1.Port{{Number: inferencev1.PortNumber(port)}},
 			EndpointPickerRef: &inferencev1.EndpointPickerRef{Name: "kvepp", Port: &inferencev1.Port{Number: 9002}},
 		},
 	}
