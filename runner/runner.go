@@ -161,20 +161,21 @@ type Instance struct {
 	// Metrics is the Prometheus registry served on the metrics port.
 	Metrics *prometheus.Registry
 
-	events    *kvevents.Manager
-	discovery *discovery.FileSource
+	events     *kvevents.Manager
+	discovery  *discovery.FileSource
+	grpcServer *grpc.Server
+	healthSrv  *grpc.Server
+	httpSrv    *http.Server
+	metricsSrv *http.Server
+	runCancel  context.CancelFunc
+	runDone    chan struct{}
+
 	// kube, pool and kubeDone are InferencePool discovery (nil without DYN_EPP_INFERENCE_POOL_NAME);
 	// poolServing turns true when startup finished, after which readiness follows the pool.
 	kube        *discovery.Kube
 	pool        *discovery.PoolSource
 	kubeDone    chan struct{}
 	poolServing atomic.Bool
-	grpcServer  *grpc.Server
-	healthSrv   *grpc.Server
-	httpSrv     *http.Server
-	metricsSrv  *http.Server
-	runCancel   context.CancelFunc
-	runDone     chan struct{}
 
 	failOnce sync.Once
 	failed   chan struct{}
