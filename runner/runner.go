@@ -1,7 +1,8 @@
 // Package runner is kvepp's composition root: it reads the configuration (environment through
 // caarlos0/env plus flags), builds the selection core, the KV-event manager, the tokenizers, the
-// ext_proc server, the health, selection and metrics servers and the workers-file discovery, starts
-// them in the order of epp.md §11.1 and shuts them down gracefully (epp.md §9).
+// ext_proc server, the health, selection and metrics servers and discovery (a workers file or a
+// Kubernetes InferencePool), starts them in the order of epp.md §11.1 and shuts them down
+// gracefully (epp.md §9).
 //
 // cmd/epp is runner.Run(ctx, catalog.Builtins(), os.Args[1:]); a custom binary that links its own
 // worker-selection policies registers them on a catalog.Registry and calls Run the same way. Tests
@@ -232,8 +233,11 @@ func listen(host string, port int, setting string) (net.Listener, error) {
 // KV-event manager; the selection side port; discovery (the workers file's initial snapshot is
 // applied before continuing); once the tokenizers are loaded, the ext_proc gRPC server (TLS or h2c,
 // health service also registered on it, max receive size = body cap + 1 MiB); finally readiness
-// SERVING. On any error everything already started is stopped and the error is
-// returned. The returned Instance runs until Stop; ctx only bounds startup.
+// SERVING. With DYN_EPP_INFERENCE_POOL_NAME, Start returns with readiness NOT_SERVING: the pool's
+// pods register in the background and readiness turns on once they are (and the index is
+// recovered), then follows the pool (kubernetes.go). On any error everything already started is
+// stopped and the error is returned. The returned Instance runs until Stop; ctx only bounds
+// startup.
 func Start(ctx context.Context, opts Options) (*Instance, error) {
 	cfg := opts.Config
 	if err := cfg.Validate(); err != nil {

@@ -1,8 +1,10 @@
 // Package discovery holds the sources of the worker catalog (epp.md §2, §10; selection-service.md
-// §4.2): today a watched workers file. A source turns what it observes into full snapshots of worker
-// records and applies each snapshot to the catalog as a diff — upsert new or changed records with
-// source "discovery", delete the discovery workers that vanished — retrying a failed apply after 5 s
-// unless a newer snapshot arrives first.
+// §4.2): a watched workers file (FileSource) and a Kubernetes InferencePool with its pods
+// (PoolSource, fed by the process's one controller-runtime cluster, NewKube). A source turns what
+// it observes into full snapshots of worker records and applies each snapshot to the catalog as a
+// diff — upsert new or changed records with source "discovery", delete then re-register workers
+// whose process changed, update which registered workers are candidates, delete the discovery
+// workers that vanished — retrying a failed apply after 5 s unless a newer snapshot arrives first.
 package discovery
 
 import (
