@@ -52,15 +52,7 @@ func TestInferencePoolEPP(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = inst.Stop(context.Background()) })
 
-	health := healthpb.NewHealthClient(dialPlain(t, inst.Addrs().Health))
-	status := func(svc string) healthpb.HealthCheckResponse_ServingStatus {
-		t.Helper()
-		r, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: svc})
-		if err != nil {
-			t.Fatalf("Check(%q): %v", svc, err)
-		}
-		return r.Status
-	}
+	status := healthChecker(ctx, t, inst.Addrs().Health)
 	waitStatus := func(svc string, want healthpb.HealthCheckResponse_ServingStatus) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
