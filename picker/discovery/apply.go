@@ -98,10 +98,12 @@ func (r *reconciler) apply(ctx context.Context, want []desiredWorker) (applyResu
 			r.log.Warn().Uint64("worker_id", id).Str("source", r.what).
 				Msg("worker id registered over the HTTP API is taken over by discovery")
 		}
-		if r.cand != nil && (!owned || last.candidate != d.candidate) {
-			// Before the upsert, so a worker that is not a candidate is never picked in between.
+		if r.cand != nil && (!owned || !present || last.candidate != d.candidate) {
+			// Before the upsert, so a worker that is not a candidate is never picked in between
+			// (also when the worker left the catalog behind discovery's back: a DELETE over the
+			// HTTP API clears the mark).
 			r.cand.SetCandidate(id, d.candidate)
-			if owned {
+			if owned && last.candidate != d.candidate {
 				res.candidacy++
 			}
 		}

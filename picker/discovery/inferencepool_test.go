@@ -562,6 +562,18 @@ func TestPoolSourceCoexistsWithAPIWorkers(t *testing.T) {
 	}
 	h.apply(pod("vllm-1", "vllm", "10.0.0.2"))
 	h.waitEndpoints(map[uint64]string{id("vllm-0"): "http://10.0.0.1:8000", id("vllm-1"): "http://10.0.0.2:8000", 42: "http://ray-worker:8000"})
+	// The API deletes a discovery worker whose pod is not Ready: the next snapshot registers it
+	// again, still withheld from picks.
+	h.apply(pod("vllm-1", "vllm", "10.0.0.2", notReady))
+	h.waitFor("vllm-1 withheld", func() bool { return !h.cat.IsCandidate(id("vllm-1")) })
+	if _, err := h.cat.Service.DeleteWorker(ctx, id("vllm-1")); err != nil {
+		t.Fatal(err)
+	}
+	h.src.Trigger()
+	h.waitFor("vllm-1 registered again and withheld", func() bool {
+		_, registered := h.cat.Worker(id("vllm-1"))
+		return registered && !h.cat.IsCandidate(id("vllm-1"))
+	})
 	h.remove(pod("vllm-1", "vllm", "10.0.0.2"))
 	h.remove(pool("vllm", 8000))
 	h.waitEndpoints(map[uint64]string{42: "http://ray-worker:8000"})
