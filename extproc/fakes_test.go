@@ -160,6 +160,23 @@ func (f *fakePicker) Free(_ context.Context, id string) error {
 	return nil
 }
 
+// Reserve books an explicit reservation on a worker of the partition (the served-endpoint move).
+func (f *fakePicker) Reserve(_ context.Context, req picker.ReservationRequest) (picker.Reservation, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record(fmt.Sprintf("reserve %s worker %d", req.SelectionID, *req.WorkerID))
+	for _, w := range f.workers[req.ModelName] {
+		if w.WorkerID == *req.WorkerID {
+			if f.live[req.SelectionID] {
+				f.violations = append(f.violations, "selection id reused: "+req.SelectionID)
+			}
+			f.live[req.SelectionID] = true
+			return picker.Reservation{SelectionID: req.SelectionID, ModelName: req.ModelName, WorkerID: w.WorkerID, Endpoint: w.Endpoint}, nil
+		}
+	}
+	return picker.Reservation{}, picker.Errorf(picker.KindNotFound, "schedulable worker %d not found", *req.WorkerID)
+}
+
 func (f *fakePicker) LoadOnlyPick(_ context.Context, model string, allowed []uint64, allowedSet bool) (picker.Selection, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

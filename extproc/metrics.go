@@ -45,6 +45,7 @@ type Metrics struct {
 	requests               [numOutcomes]atomic.Uint64
 	duplicateEOS           atomic.Uint64
 	servedEndpointMismatch atomic.Uint64
+	servedEndpointMoves    atomic.Uint64
 	inflightPicks          atomic.Int64
 	activeReservations     atomic.Int64
 	usagePrompt            atomic.Uint64
@@ -57,14 +58,17 @@ type Metrics struct {
 	pickDuration     prometheus.Histogram
 	tokenizeDuration prometheus.Histogram
 	overlapTokens    prometheus.Histogram
+	// gie are the same requests under the Gateway API Inference Extension's metric names.
+	gie *gieMetrics
 
-	descRequests, descImmediate, descDupEOS, descMismatch, descInflight, descActive, descUsage *prometheus.Desc
+	descRequests, descImmediate, descDupEOS, descMismatch, descInflight, descActive, descUsage, descMoves *prometheus.Desc
 }
 
 // NewMetrics returns an empty, unregistered Metrics.
 func NewMetrics() *Metrics {
 	return &Metrics{
 		immediate: make(map[int]uint64),
+		gie:       newGIEMetrics(),
 		pickDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvepp_pick_duration_seconds",
 			Help:    "Time from request body end of stream to the routing header reply, seconds.",
@@ -87,14 +91,16 @@ func NewMetrics() *Metrics {
 		descInflight:  prometheus.NewDesc("kvepp_inflight_picks", "Requests in the routing phase (body end of stream to decision).", nil, nil),
 		descActive:    prometheus.NewDesc("kvepp_active_reservations", "Bookings owned by open ext_proc streams.", nil, nil),
 		descUsage:     prometheus.NewDesc("kvepp_usage_tokens_total", "Usage tokens reported by responses, by kind.", []string{"kind"}, nil),
+		descMoves:     prometheus.NewDesc("kvepp_served_endpoint_moves_total", "Bookings moved to the endpoint the gateway reported as served (epp.md §6.3).", nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.descRequests, m.descImmediate, m.descDupEOS, m.descMismatch, m.descInflight, m.descActive, m.descUsage} {
+	for _, d := range []*prometheus.Desc{m.descRequests, m.descImmediate, m.descDupEOS, m.descMismatch, m.descInflight, m.descActive, m.descUsage, m.descMoves} {
 		ch <- d
 	}
+	m.gie.Describe(ch)
 	m.pickDuration.Describe(ch)
 	m.tokenizeDuration.Describe(ch)
 	m.overlapTokens.Describe(ch)
@@ -111,6 +117,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(m.descDupEOS, prometheus.CounterValue, float64(s.DuplicateEOS))
 	ch <- prometheus.MustNewConstMetric(m.descMismatch, prometheus.CounterValue, float64(s.ServedEndpointMismatch))
+	ch <- prometheus.MustNewConstMetric(m.descMoves, prometheus.CounterValue, float64(s.ServedEndpointMoves))
 	ch <- prometheus.MustNewConstMetric(m.descInflight, prometheus.GaugeValue, float64(s.InflightPicks))
 	ch <- prometheus.MustNewConstMetric(m.descActive, prometheus.GaugeValue, float64(s.ActiveReservations))
 	ch <- prometheus.MustNewConstMetric(m.descUsage, prometheus.CounterValue, float64(s.UsagePromptTokens), "prompt")
@@ -119,6 +126,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.pickDuration.Collect(ch)
 	m.tokenizeDuration.Collect(ch)
 	m.overlapTokens.Collect(ch)
+	m.gie.Collect(ch)
 }
 
 // MetricsSnapshot is a point-in-time copy of the counters of Metrics.
@@ -131,6 +139,8 @@ type MetricsSnapshot struct {
 	DuplicateEOS uint64
 	// ServedEndpointMismatch counts responses whose served endpoint differed from the primary.
 	ServedEndpointMismatch uint64
+	// ServedEndpointMoves counts bookings moved to the served endpoint (epp.md §6.3).
+	ServedEndpointMoves uint64
 	// InflightPicks is the number of requests in the routing phase now.
 	InflightPicks int64
 	// ActiveReservations is the number of bookings owned by open streams now.
@@ -145,6 +155,7 @@ func (m *Metrics) Snapshot() MetricsSnapshot {
 		Requests:               make(map[string]uint64, numOutcomes),
 		DuplicateEOS:           m.duplicateEOS.Load(),
 		ServedEndpointMismatch: m.servedEndpointMismatch.Load(),
+		ServedEndpointMoves:    m.servedEndpointMoves.Load(),
 		InflightPicks:          m.inflightPicks.Load(),
 		ActiveReservations:     m.activeReservations.Load(),
 		UsagePromptTokens:      m.usagePrompt.Load(),

@@ -68,6 +68,19 @@ type Config struct {
 	// headers to the end of its body before it is answered 408 (default
 	// DefaultRequestBodyTimeout).
 	RequestBodyTimeout time.Duration
+
+	// Addresses, when set, gives the per-rank destinations of discovered pods and resolves served
+	// endpoints back to worker ranks (InferencePool discovery: one target port per dp_rank). Nil:
+	// every rank is addressed at its worker's endpoint.
+	Addresses RankAddresses
+	// ConformanceTestHooks enables the Gateway API Inference Extension conformance-suite hooks
+	// (DYN_EPP_CONFORMANCE_TEST_HOOKS): the test-epp-endpoint-selection request header restricts
+	// the candidates, and the response headers reply sets x-conformance-test-served-endpoint,
+	// x-conformance-test-selected-endpoint and x-conformance-test-epp-pool. Test clusters only:
+	// any client could steer its requests with the header.
+	ConformanceTestHooks bool
+	// PoolName is the InferencePool as "namespace/name", reported by the conformance hooks.
+	PoolName string
 }
 
 // Server is the ext_proc v3 ExternalProcessor (epp.md §4–§8). Create it with NewServer and register

@@ -1031,14 +1031,18 @@ func TestResponseLifecycle(t *testing.T) {
 			}
 		})
 	}
-	t.Run("a differing served endpoint is counted and the booking kept", func(t *testing.T) {
+	t.Run("a differing served endpoint is counted and the booking moved, each booking freed once", func(t *testing.T) {
 		h := newHarness(t, nil)
 		resp := okResponse()
 		resp.ServedEndpoint = "10.0.0.2:8000"
 		h.do(t, extproctest.Request{Body: chat, Response: resp})
 		h.pk.waitSettled(t)
-		if got := h.srv.Metrics().Snapshot().ServedEndpointMismatch; got != 1 {
-			t.Fatalf("mismatch = %d", got)
+		if s := h.srv.Metrics().Snapshot(); s.ServedEndpointMismatch != 1 || s.ServedEndpointMoves != 1 {
+			t.Fatalf("mismatch = %d moves = %d", s.ServedEndpointMismatch, s.ServedEndpointMoves)
+		}
+		_, _, events, violations, live := h.pk.snapshot()
+		if len(violations) != 0 || live != 0 {
+			t.Fatalf("violations %v, live %d; events %v", violations, live, events)
 		}
 	})
 }

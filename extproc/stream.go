@@ -63,6 +63,8 @@ type requestHeaders struct {
 	contentLength, connection, upgrade string
 	// decision is DecisionHeader: non-empty asks for the decision metadata.
 	decision string
+	// testSelection is the conformance suite's test-epp-endpoint-selection header.
+	testSelection string
 }
 
 // declaredLength is the content-length header as bytes, or -1 when absent or not a number.
@@ -124,6 +126,8 @@ func (h *requestHeaders) capture(m *corev3.HeaderMap) {
 			dst = &h.upgrade
 		case DecisionHeader:
 			dst = &h.decision
+		case TestEndpointSelectionHeader:
+			dst = &h.testSelection
 		default:
 			continue
 		}
@@ -194,11 +198,27 @@ type stream struct {
 	usage           *UsageParser
 	completed       bool
 	servedChecked   bool
+
+	// booked is the selection of the live booking (epp.md §6.3 moves it to the served rank).
+	booked picker.Selection
+	// model is the partition model of the request once resolved (GIE metric labels); routed
+	// marks a request counted in inference_objective_request_total / running_requests.
+	model  string
+	routed bool
+	// startedAt is when the stream opened; respBytes the response body bytes seen; usageSeen the
+	// usage parsed at completion (GIE request metrics).
+	startedAt time.Time
+	respBytes int
+	usageSeen Usage
+	// lbSeen, servedKey and servedValue are the response-headers message's envoy.lb metadata
+	// (conformance hooks).
+	lbSeen, servedKey bool
+	servedValue       string
 }
 
 func newStream(s *Server, ps extprocv3.ExternalProcessor_ProcessServer) *stream {
 	return &stream{
-		s: s, ps: ps, ctx: ps.Context(), first: true,
+		s: s, ps: ps, ctx: ps.Context(), first: true, startedAt: time.Now(),
 		reqMode:  filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
 		respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
 	}
@@ -234,6 +254,9 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 		st.noteRequestMetadata(req)
 		return st.onRequestTrailers()
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		if st.s.cfg.ConformanceTestHooks {
+			st.noteConformanceMetadata(req)
+		}
 		st.noteResponseMetadata(req)
 		return st.onResponseHeaders(r.ResponseHeaders)
 	case *extprocv3.ProcessingRequest_ResponseBody:
@@ -256,9 +279,9 @@ func (st *stream) noteRequestMetadata(req *extprocv3.ProcessingRequest) {
 	}
 }
 
-// noteResponseMetadata compares the served endpoint with the primary once (epp.md §6.3). The booking
-// stays on the primary; a difference is logged and counted in served_endpoint_mismatch_total so an
-// operator sees proxies that override the pick.
+// noteResponseMetadata compares the served endpoint with the primary once (epp.md §6.3). A
+// difference is counted in served_endpoint_mismatch_total and the booking moves to the served rank
+// (moveBooking); a served endpoint that is not a known rank leaves it on the primary, logged.
 func (st *stream) noteResponseMetadata(req *extprocv3.ProcessingRequest) {
 	if st.servedChecked || st.primary == "" {
 		return
@@ -273,8 +296,13 @@ func (st *stream) noteResponseMetadata(req *extprocv3.ProcessingRequest) {
 	if first, _, _ := strings.Cut(served, ","); served != "" && hintHost(first) != "" {
 		if normalizeEndpoint(first) != normalizeEndpoint(st.primary) {
 			st.s.metrics.servedEndpointMismatch.Add(1)
-			st.s.log.Warn().Str("request_id", st.requestID()).Str("primary", st.primary).Str("served", served).
-				Msg("served endpoint differs from the primary; booking kept on the primary")
+			if st.moveBooking(first) {
+				st.s.log.Debug().Str("request_id", st.requestID()).Str("primary", st.primary).Str("served", served).
+					Msg("served endpoint differs from the primary; booking moved to the served endpoint")
+			} else if st.bk.state.Load() != bookingNone {
+				st.s.log.Warn().Str("request_id", st.requestID()).Str("primary", st.primary).Str("served", served).
+					Msg("served endpoint differs from the primary and is not a known worker rank; booking kept on the primary")
+			}
 		}
 	}
 }
@@ -463,13 +491,21 @@ func (st *stream) routeAndReply(headerOnly bool) error {
 		}
 		return st.reject(err)
 	}
-	dest, err := destinationValue(&d.sel)
+	dest, err := st.s.destinationValue(&d.sel)
 	if err != nil {
 		return st.reject(&picker.Error{Kind: picker.KindInternal, Message: err.Error(), Err: err})
 	}
 	st.dest = dest
 	st.primary, _, _ = strings.Cut(dest, ",")
 	st.loadOnly = !d.booked
+	if d.booked {
+		st.booked = d.sel
+	}
+	if st.model == "" {
+		st.model = d.sel.ModelName
+	}
+	st.routed = true
+	st.s.metrics.gie.routed(st.model, len(st.body))
 	if err := st.sendRouting(d, headerOnly); err != nil {
 		return err
 	}
@@ -512,6 +548,9 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 	if err != nil {
 		return decision{}, err
 	}
+	if m, _, err := st.resolveModel(st.requestModel(pb), true); err == nil {
+		st.model = m // a served model: the GIE metric label, even for a 400
+	}
 	st.reqStream = pb.stream
 	src, err := pb.validatePrompt(kind)
 	if err != nil {
@@ -528,6 +567,7 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 	if err != nil {
 		return decision{}, err
 	}
+	st.model = partition
 
 	sess, err := st.session()
 	if err != nil {
@@ -575,7 +615,9 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 		DoNotQueue:           hints.doNotQueue,
 		Fallbacks:            st.s.cfg.MaxDestinations - 1,
 	}
+	start := time.Now()
 	sel, err := st.s.cfg.Picker.SelectAndReserve(st.ctx, req)
+	m.gie.scheduled(time.Since(start), err)
 	if err != nil {
 		return decision{}, err
 	}
@@ -702,7 +744,10 @@ func (st *stream) loadOnlyPick(model string) (decision, error) {
 		}
 		allowedSet = true
 	}
+	st.model = model
+	start := time.Now()
 	sel, err := st.s.cfg.Picker.LoadOnlyPick(st.ctx, model, allowed, allowedSet)
+	st.s.metrics.gie.scheduled(time.Since(start), err)
 	if err != nil {
 		return decision{}, err
 	}
@@ -710,8 +755,19 @@ func (st *stream) loadOnlyPick(model string) (decision, error) {
 }
 
 // allowed resolves the subset hint (epp.md §5.8) against the workers of model ("" = every served
-// model) into allowed worker ids. No hint → allowedSet false. A hint that matches no worker → 503.
+// model) into allowed worker ids, narrowed further by the conformance suite's
+// test-epp-endpoint-selection header when the hooks are on. No restriction → allowedSet false.
+// A hint that matches no worker → 503.
 func (st *stream) allowed(model string) ([]uint64, bool, error) {
+	ids, set, err := st.subsetAllowed(model)
+	if err != nil || !st.s.cfg.ConformanceTestHooks || strings.TrimSpace(st.hdr.testSelection) == "" {
+		return ids, set, err
+	}
+	return st.testSelectionAllowed(model, ids, set)
+}
+
+// subsetAllowed is allowed for the subset hint alone.
+func (st *stream) subsetAllowed(model string) ([]uint64, bool, error) {
 	hosts, present := subsetHint(st.md)
 	if !present {
 		return nil, false, nil
@@ -883,6 +939,7 @@ func (st *stream) reject(err error) error {
 	resp, code := immediateResponse(err)
 	st.phase = phaseRejected
 	st.s.metrics.countImmediate(code)
+	st.s.metrics.gie.rejected(st.model, code)
 	st.s.log.Debug().Str("request_id", st.requestID()).Int("status", code).Str("path", st.hdr.path).
 		Str("reason", err.Error()).Msg("request rejected")
 	return st.send(resp)
@@ -1000,8 +1057,12 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) error {
 	if st.phase == phaseForwarded {
 		st.phase = phaseResponding
 	}
+	reply := &extprocv3.CommonResponse{}
+	if st.s.cfg.ConformanceTestHooks {
+		reply.HeaderMutation = st.conformanceResponseHeaders()
+	}
 	if err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}},
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: reply},
 	}}); err != nil {
 		return err
 	}
@@ -1016,6 +1077,7 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) error {
 
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 	chunk := b.GetBody()
+	st.respBytes += len(chunk)
 	var reply *extprocv3.BodyResponse
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		reply = &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
@@ -1064,7 +1126,8 @@ func (st *stream) complete() {
 	st.completed = true
 	st.free()
 	if st.usage != nil {
-		st.s.metrics.addUsage(st.usage.Finish())
+		st.usageSeen = st.usage.Finish()
+		st.s.metrics.addUsage(st.usageSeen)
 		st.usage = nil
 	}
 }
@@ -1080,6 +1143,9 @@ func (st *stream) finish(cleanClose bool) {
 	}
 	st.free()
 	st.releaseBody()
+	if st.routed {
+		st.s.metrics.gie.finished(st, st.completed)
+	}
 	var o Outcome
 	switch {
 	case st.phase == phaseRejected || st.phase == phaseProtocolError:

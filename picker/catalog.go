@@ -582,6 +582,7 @@ func (s *Service) DeleteWorker(ctx context.Context, workerID uint64) (WorkerStat
 	s.mu.Unlock()
 	s.adjustSchedulable(e, &draining)
 	s.drainLocked(&draining, p)
+	s.SetCandidate(workerID, true) // a later worker of this id starts as a candidate
 	final := cloneState(draining.state)
 	final.Lifecycle = LifecycleUnschedulable
 	return final, nil

@@ -187,6 +187,7 @@ func (s *Service) LoadOnlyPick(ctx context.Context, model string, allowed []uint
 		bestReqs uint64
 		ties     int
 	)
+	withheld := s.withheldLoad()
 	s.rngMu.Lock()
 	defer s.rngMu.Unlock()
 	for _, p := range s.partitionsSnapshot() {
@@ -196,6 +197,9 @@ func (s *Service) LoadOnlyPick(ctx context.Context, model string, allowed []uint
 		v := p.view.Load()
 		for i, c := range v.cands {
 			w := v.workers[v.owner[i]]
+			if withheld.has(w.id) {
+				continue
+			}
 			if allow != nil {
 				if _, ok := allow[w.id]; !ok {
 					continue

@@ -122,6 +122,8 @@ type prepared struct {
 	session *policies.SessionContext
 	// allowed is the allowed_worker_ids set when AllowedSet.
 	allowed map[uint64]struct{}
+	// withheld are the registered workers that are not candidates (SetCandidate).
+	withheld withheldSet
 	// sessionID drives the affinity table ("" = none).
 	sessionID string
 }
@@ -162,6 +164,7 @@ func (s *Service) prepare(req *SelectRequest) (prepared, error) {
 		return pr, err
 	}
 	pr.p = s.partition(pr.key)
+	pr.withheld = s.withheldLoad()
 	if req.AllowedSet {
 		pr.allowed = make(map[uint64]struct{}, len(req.AllowedWorkerIDs))
 		for _, id := range req.AllowedWorkerIDs {
@@ -600,8 +603,12 @@ func overlapSummary(v *partView, w *schedWorker, tiers []tierMatch) Overlap {
 	return o
 }
 
-// eligible applies §8 steps 2-3 (allowed_worker_ids, required taints) to one worker.
+// eligible applies §8 steps 2-3 (allowed_worker_ids, required taints) to one worker, and drops
+// workers that are registered but not candidates (epp.md §10.2).
 func eligible(w *schedWorker, pr *prepared, req *SelectRequest) bool {
+	if pr.withheld.has(w.id) {
+		return false
+	}
 	if pr.allowed != nil {
 		if _, ok := pr.allowed[w.id]; !ok {
 			return false

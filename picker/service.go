@@ -59,6 +59,11 @@ type Service struct {
 	pending *ledger.PendingCache
 	// writerID is this replica's id in session-binding versions (§12.1).
 	writerID uint64
+
+	// withheld is the set of registered workers that are not candidates (SetCandidate, epp.md
+	// §10.2); withheldMu serializes its copy-on-write updates.
+	withheld   atomic.Pointer[withheldSet]
+	withheldMu sync.Mutex
 }
 
 // New builds a Service from cfg. It validates the router settings and returns an error starting

@@ -52,10 +52,28 @@ type Config struct {
 	Mode string `env:"DYN_EPP_MODE" envDefault:"standalone" flag:"mode" help:"EPP mode (only standalone)"`
 	// WorkersFile is the watched YAML/JSON workers file (picker/discovery).
 	WorkersFile string `env:"DYN_EPP_WORKERS_FILE" flag:"workers-file" help:"YAML or JSON list of worker records, watched for changes"`
-	// InferencePoolName selects Kubernetes discovery, which this build does not include yet.
-	InferencePoolName string `env:"DYN_EPP_INFERENCE_POOL_NAME" flag:"inference-pool-name" help:"InferencePool to serve (Kubernetes discovery; not supported by this build)"`
+	// InferencePoolName selects Kubernetes discovery: the InferencePool (in POD_NAMESPACE) whose
+	// pods are the workers (epp.md §10, picker/discovery).
+	InferencePoolName string `env:"DYN_EPP_INFERENCE_POOL_NAME" flag:"inference-pool-name" help:"InferencePool to serve (Kubernetes discovery of its pods)"`
 	// KubeDiscoveryMode is DYN_KUBE_DISCOVERY_MODE; only "pod".
 	KubeDiscoveryMode string `env:"DYN_KUBE_DISCOVERY_MODE" envDefault:"pod" help:"Kubernetes discovery mode (only pod)"`
+
+	// --- Kubernetes InferencePool discovery (epp.md §2, §10) ---
+
+	// PodNamespace is POD_NAMESPACE: the namespace of the pool and its pods (the EPP's own
+	// namespace, from the downward API); required with an InferencePool.
+	PodNamespace string `env:"POD_NAMESPACE" flag:"pool-namespace" help:"namespace of the InferencePool and its pods"`
+	// KVEventPort is DYN_EPP_KV_EVENT_PORT: rank r of a discovered pod publishes KV events on
+	// port + r (vLLM --kv-events-config endpoint); pod annotation kvepp.io/kv-event-port overrides it.
+	KVEventPort int `env:"DYN_EPP_KV_EVENT_PORT" envDefault:"5557" flag:"kv-event-port" help:"KV event port of rank 0 of discovered pods (rank r: port + r)"`
+	// KVEventReplayPort is DYN_EPP_KV_EVENT_REPLAY_PORT: the KV event replay port of single-rank
+	// discovered pods (0 or unset = no replay).
+	KVEventReplayPort int `env:"DYN_EPP_KV_EVENT_REPLAY_PORT" flag:"kv-event-replay-port" help:"KV event replay port of single-rank discovered pods (unset = no replay)"`
+	// ConformanceTestHooks enables the Gateway API Inference Extension conformance-suite hooks
+	// (extproc.Config.ConformanceTestHooks): the test-epp-endpoint-selection request header
+	// restricts candidates and responses carry x-conformance-test-served-endpoint. For
+	// conformance runs only: any client could steer its requests with the header.
+	ConformanceTestHooks Bool `env:"DYN_EPP_CONFORMANCE_TEST_HOOKS" envDefault:"false" flag:"conformance-test-hooks" help:"conformance-suite hooks: test-epp-endpoint-selection and x-conformance-test-served-endpoint (test clusters only)"`
 	// ModelName is DYN_MODEL_NAME: the partition model of discovered workers and of workers-file
 	// records that omit model_name, and the partition requests without a served model fall back to.
 	ModelName string `env:"DYN_MODEL_NAME" flag:"model-name" help:"served model name (partition of discovered workers)"`
@@ -680,11 +698,8 @@ func (c *Config) Validate() error {
 	if c.KubeDiscoveryMode != "pod" {
 		return c.invalid("DYN_KUBE_DISCOVERY_MODE", c.KubeDiscoveryMode, "only pod is supported")
 	}
-	if c.InferencePoolName != "" {
-		if c.WorkersFile != "" {
-			return c.invalid("DYN_EPP_INFERENCE_POOL_NAME", c.InferencePoolName, "set at most one of DYN_EPP_INFERENCE_POOL_NAME and DYN_EPP_WORKERS_FILE")
-		}
-		return c.invalid("DYN_EPP_INFERENCE_POOL_NAME", c.InferencePoolName, "Kubernetes InferencePool discovery is not supported by this build yet; use DYN_EPP_WORKERS_FILE or register workers over the HTTP API")
+	if err := c.validatePoolDiscovery(); err != nil {
+		return err
 	}
 	if c.BlockSize <= 0 {
 		return c.invalid("DYN_KV_CACHE_BLOCK_SIZE", c.BlockSize, "must be > 0")
@@ -727,6 +742,31 @@ func (c *Config) Validate() error {
 		}
 	}
 	return c.validateRouter()
+}
+
+// validatePoolDiscovery checks the InferencePool discovery settings (epp.md §2): with
+// DYN_EPP_INFERENCE_POOL_NAME, POD_NAMESPACE and DYN_MODEL_NAME are required and
+// DYN_EPP_WORKERS_FILE must be unset; the KV event ports are ports (the replay port may be 0 =
+// off).
+func (c *Config) validatePoolDiscovery() error {
+	if c.KVEventPort < 1 || c.KVEventPort > 65535 {
+		return c.invalid("DYN_EPP_KV_EVENT_PORT", c.KVEventPort, "must be a port in 1..65535")
+	}
+	if c.KVEventReplayPort < 0 || c.KVEventReplayPort > 65535 {
+		return c.invalid("DYN_EPP_KV_EVENT_REPLAY_PORT", c.KVEventReplayPort, "must be a port in 1..65535 (or unset)")
+	}
+	if c.InferencePoolName == "" {
+		return nil
+	}
+	switch {
+	case c.WorkersFile != "":
+		return c.invalid("DYN_EPP_INFERENCE_POOL_NAME", c.InferencePoolName, "set at most one of DYN_EPP_INFERENCE_POOL_NAME and DYN_EPP_WORKERS_FILE")
+	case c.PodNamespace == "":
+		return fmt.Errorf("%s is required with %s (set it from the downward API: fieldRef metadata.namespace)", c.name("POD_NAMESPACE"), c.name("DYN_EPP_INFERENCE_POOL_NAME"))
+	case c.ModelName == "":
+		return fmt.Errorf("%s is required with %s: it must equal vLLM's served model name", c.name("DYN_MODEL_NAME"), c.name("DYN_EPP_INFERENCE_POOL_NAME"))
+	}
+	return nil
 }
 
 // validateRouter checks the router settings (selection-service.md §19.2), the peers and logging.

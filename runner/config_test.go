@@ -48,6 +48,9 @@ func TestLoadConfigDefaults(t *testing.T) {
 		{"queue policy", cfg.QueuePolicy, "fcfs"},
 		{"overlap refresh", cfg.OverlapRefreshAfter.Duration(), 10 * time.Second},
 		{"approximate cache policy", cfg.ApproximateCachePolicy, "ttl"},
+		{"KV event port", cfg.KVEventPort, 5557},
+		{"KV event replay port (off)", cfg.KVEventReplayPort, 0},
+		{"conformance test hooks", bool(cfg.ConformanceTestHooks), false},
 	}
 	for _, c := range checks {
 		t.Run("the default "+c.name+" is the spec's", func(t *testing.T) {
@@ -179,6 +182,18 @@ func TestLoadConfigParsesValues(t *testing.T) {
 	}
 }
 
+func TestLoadConfigInferencePool(t *testing.T) {
+	cfg, err := LoadConfig([]string{"DYN_EPP_TOKENIZER_DIR=" + sharedtest.Qwen3TokenizerDir(t), "DYN_EPP_INFERENCE_POOL_NAME=qwen",
+		"POD_NAMESPACE=llm", "DYN_MODEL_NAME=Qwen/Qwen3-0.6B", "DYN_EPP_KV_EVENT_REPLAY_PORT=5560"},
+		[]string{"--kv-event-port", "6000", "--conformance-test-hooks"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.InferencePoolName != "qwen" || cfg.PodNamespace != "llm" || cfg.KVEventPort != 6000 || cfg.KVEventReplayPort != 5560 || !bool(cfg.ConformanceTestHooks) {
+		t.Fatalf("config %+v", cfg)
+	}
+}
+
 func TestLoadConfigRejectsInvalidSettingsNamingThem(t *testing.T) {
 	tok := "DYN_EPP_TOKENIZER_DIR=" + sharedtest.Qwen3TokenizerDir(t)
 	tests := []struct {
@@ -214,7 +229,12 @@ func TestLoadConfigRejectsInvalidSettingsNamingThem(t *testing.T) {
 		{"a non-positive render response bound", []string{"DYN_EPP_TOKENIZER_SERVICE_URL=http://tok:8000", "DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES=0"}, nil, `invalid DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES "0": must be > 0`},
 		{"an unknown tokenizer protocol", []string{"DYN_EPP_TOKENIZER_PROTOCOL=remote"}, nil, `invalid DYN_EPP_TOKENIZER_PROTOCOL "remote": must be local, vllm-render or none`},
 		{"a malformed tokenizers list", []string{"DYN_EPP_TOKENIZERS=qwen"}, nil, `invalid DYN_EPP_TOKENIZERS "qwen": entry "qwen" must be model=dir`},
-		{"an InferencePool, not supported by this build", []string{tok, "DYN_EPP_INFERENCE_POOL_NAME=pool"}, nil, `invalid DYN_EPP_INFERENCE_POOL_NAME "pool"`},
+		{"an InferencePool without POD_NAMESPACE", []string{tok, "DYN_MODEL_NAME=m", "DYN_EPP_INFERENCE_POOL_NAME=pool"}, nil, `POD_NAMESPACE is required with DYN_EPP_INFERENCE_POOL_NAME`},
+		{"an InferencePool without DYN_MODEL_NAME", []string{tok, "POD_NAMESPACE=ns", "DYN_EPP_INFERENCE_POOL_NAME=pool"}, nil, `DYN_MODEL_NAME is required with DYN_EPP_INFERENCE_POOL_NAME`},
+		{"an InferencePool and a workers file", []string{tok, "POD_NAMESPACE=ns", "DYN_MODEL_NAME=m", "DYN_EPP_INFERENCE_POOL_NAME=pool", "DYN_EPP_WORKERS_FILE=w.yaml"}, nil, `invalid DYN_EPP_INFERENCE_POOL_NAME "pool": set at most one of DYN_EPP_INFERENCE_POOL_NAME and DYN_EPP_WORKERS_FILE`},
+		{"a KV event port of zero", []string{tok, "DYN_EPP_KV_EVENT_PORT=0"}, nil, `invalid DYN_EPP_KV_EVENT_PORT "0": must be a port in 1..65535`},
+		{"a KV event replay port out of range", []string{tok, "DYN_EPP_KV_EVENT_REPLAY_PORT=65536"}, nil, `invalid DYN_EPP_KV_EVENT_REPLAY_PORT "65536"`},
+		{"a pool namespace flag without a pool model", []string{tok, "DYN_EPP_INFERENCE_POOL_NAME=pool"}, []string{"--pool-namespace", "ns"}, `DYN_MODEL_NAME is required`},
 		{"a container discovery mode", []string{tok, "DYN_KUBE_DISCOVERY_MODE=container"}, nil, `invalid DYN_KUBE_DISCOVERY_MODE "container"`},
 		{"lru with KV events", []string{tok, "DYN_ROUTER_APPROXIMATE_CACHE_POLICY=lru"}, nil, `invalid DYN_ROUTER_APPROXIMATE_CACHE_POLICY "lru": lru is not allowed with DYN_ROUTER_USE_KV_EVENTS=true`},
 		{"a session affinity TTL out of range", []string{tok, "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS=0"}, nil, `invalid DYN_ROUTER_SESSION_AFFINITY_TTL_SECS "0": must be a whole number of seconds in 1..31536000`},

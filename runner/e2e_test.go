@@ -395,12 +395,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	t.Run("the metrics port exports kv events, ready workers and request outcomes", func(t *testing.T) {
-		resp, err := http.Get("http://" + f.inst.Addrs().Metrics + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		text, _ := io.ReadAll(resp.Body)
+		text := scrape(t, f.inst.Addrs().Metrics)
 		for _, want := range []string{
 			`kvepp_kv_events_total{result="applied"} 2`,
 			`kvepp_kv_events_total{result="rejected"} 0`,
@@ -411,7 +406,7 @@ func TestEndToEnd(t *testing.T) {
 			`kvepp_active_reservations 0`,
 			`kvepp_selection_active_requests 0`,
 		} {
-			if !strings.Contains(string(text), want) {
+			if !strings.Contains(text, want) {
 				t.Errorf("metrics lack %q", want)
 			}
 		}
@@ -422,17 +417,9 @@ func TestEndToEnd(t *testing.T) {
 func TestReadinessAndGracefulShutdown(t *testing.T) {
 	const drain = 2 * time.Second
 	f := newE2EFixture(t, 8, func(c *Config) { c.DrainTimeout = Seconds(drain) })
-	health := healthpb.NewHealthClient(dialPlain(t, f.inst.Addrs().Health))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	check := func(service string) healthpb.HealthCheckResponse_ServingStatus {
-		t.Helper()
-		r, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
-		if err != nil {
-			t.Fatalf("Check(%q): %v", service, err)
-		}
-		return r.Status
-	}
+	check := healthChecker(ctx, t, f.inst.Addrs().Health)
 	for _, svc := range []string{"", "readiness", "liveness", "envoy.service.ext_proc.v3.ExternalProcessor", "inference-extension"} {
 		if st := check(svc); st != healthpb.HealthCheckResponse_SERVING {
 			t.Fatalf("%q is %v after start, want SERVING", svc, st)
@@ -506,6 +493,20 @@ func TestReadinessAndGracefulShutdown(t *testing.T) {
 	}
 	if _, err := http.Get("http://" + f.inst.Addrs().Selection + "/health"); err == nil {
 		t.Fatal("side port still open after Stop")
+	}
+}
+
+// healthChecker returns a function that asks the gRPC health service at addr for a service's
+// status, failing t on errors.
+func healthChecker(ctx context.Context, t testing.TB, addr string) func(service string) healthpb.HealthCheckResponse_ServingStatus {
+	health := healthpb.NewHealthClient(dialPlain(t, addr))
+	return func(service string) healthpb.HealthCheckResponse_ServingStatus {
+		t.Helper()
+		r, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+		if err != nil {
+			t.Fatalf("Check(%q): %v", service, err)
+		}
+		return r.Status
 	}
 }
 

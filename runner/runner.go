@@ -1,7 +1,8 @@
 // Package runner is kvepp's composition root: it reads the configuration (environment through
 // caarlos0/env plus flags), builds the selection core, the KV-event manager, the tokenizers, the
-// ext_proc server, the health, selection and metrics servers and the workers-file discovery, starts
-// them in the order of epp.md §11.1 and shuts them down gracefully (epp.md §9).
+// ext_proc server, the health, selection and metrics servers and discovery (a workers file or a
+// Kubernetes InferencePool), starts them in the order of epp.md §11.1 and shuts them down
+// gracefully (epp.md §9).
 //
 // cmd/epp is runner.Run(ctx, catalog.Builtins(), os.Args[1:]); a custom binary that links its own
 // worker-selection policies registers them on a catalog.Registry and calls Run the same way. Tests
@@ -20,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +31,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"k8s.io/client-go/rest"
 
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/extproc"
@@ -95,6 +98,9 @@ type Options struct {
 	// HTTPTimeouts bounds the connections of the selection side port and the metrics port; zero
 	// fields take DefaultHTTPTimeouts' values.
 	HTTPTimeouts HTTPTimeouts
+	// KubeRestConfig reaches the Kubernetes API server for InferencePool discovery (tests: an
+	// envtest control plane); nil = in-cluster service account, KUBECONFIG or ~/.kube/config.
+	KubeRestConfig *rest.Config
 }
 
 // HTTPTimeouts bounds the connections of every HTTP server the runner starts (the selection side
@@ -169,6 +175,13 @@ type Instance struct {
 	runCancel  context.CancelFunc
 	runDone    chan struct{}
 
+	// kube, pool and kubeDone are InferencePool discovery (nil without DYN_EPP_INFERENCE_POOL_NAME);
+	// poolServing turns true when startup finished, after which readiness follows the pool.
+	kube        *discovery.Kube
+	pool        *discovery.PoolSource
+	kubeDone    chan struct{}
+	poolServing atomic.Bool
+
 	failOnce sync.Once
 	failed   chan struct{}
 	failErr  error
@@ -224,8 +237,11 @@ func listen(host string, port int, setting string) (net.Listener, error) {
 // KV-event manager; the selection side port; discovery (the workers file's initial snapshot is
 // applied before continuing); once the tokenizers are loaded, the ext_proc gRPC server (TLS or h2c,
 // health service also registered on it, max receive size = body cap + 1 MiB); finally readiness
-// SERVING. On any error everything already started is stopped and the error is
-// returned. The returned Instance runs until Stop; ctx only bounds startup.
+// SERVING. With DYN_EPP_INFERENCE_POOL_NAME, Start returns with readiness NOT_SERVING: the pool's
+// pods register in the background and readiness turns on once they are (and the index is
+// recovered), then follows the pool (kubernetes.go). On any error everything already started is
+// stopped and the error is returned. The returned Instance runs until Stop; ctx only bounds
+// startup.
 func Start(ctx context.Context, opts Options) (*Instance, error) {
 	cfg := opts.Config
 	if err := cfg.Validate(); err != nil {
@@ -374,9 +390,17 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		}
 		cleanups = append(cleanups, func() { _ = inst.discovery.Close() })
 	}
+	// 3. Kubernetes discovery: the pool's pods register in the background; readiness waits.
+	if cfg.InferencePoolName != "" {
+		if err := inst.startPoolDiscovery(runCtx, cfg, opts.KubeRestConfig, log); err != nil {
+			return nil, err
+		}
+		cleanups = append(cleanups, func() { _ = inst.pool.Close() })
+	}
 
-	// 4-5. Recovery from a peer's /dump, then the buffered KV events are released.
-	if len(cfg.IndexerPeers) > 0 {
+	// 4-5. Recovery from a peer's /dump, then the buffered KV events are released (for an
+	// InferencePool, after its pods are registered: awaitPoolReady).
+	if len(cfg.IndexerPeers) > 0 && inst.pool == nil {
 		recovered := recoverIndex(ctx, inst.Service, cfg.IndexerPeers, cfg.RecoveryTimeout.Duration(), log)
 		if inst.events != nil {
 			inst.events.ReleaseEvents(recovered)
@@ -384,6 +408,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	}
 
 	inst.Metrics.MustRegister(&statsCollector{svc: inst.Service, events: inst.events, disc: inst.discovery})
+	inst.Metrics.MustRegister(&poolCollector{svc: inst.Service, pool: inst.pool, name: cfg.InferencePoolName})
 
 	// 6. ext_proc server (TLS or h2c), with the health service registered on it too.
 	var toks tokResult
@@ -406,6 +431,10 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		RequestBodyTimeout:  cfg.RequestBodyTimeout.Duration(),
 		Ready:               inst.Health.Ready,
 		Logger:              log.With().Str("component", "extproc").Logger(),
+		Addresses:           inst.rankAddresses(),
+		// The conformance hooks name the pool; without one they still work on the workers file.
+		ConformanceTestHooks: bool(cfg.ConformanceTestHooks),
+		PoolName:             inst.poolName(),
 	})
 	if err != nil {
 		return nil, err
@@ -431,8 +460,18 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 
 	inst.Metrics.MustRegister(inst.ExtProc.Metrics())
 
-	// Ready.
+	// Ready (an InferencePool EPP once its pods are registered: awaitPoolReady).
 	started = true
+	if inst.pool != nil {
+		go inst.awaitPoolReady(runCtx, cfg, log)
+		log.Info().
+			Str("ext_proc", inst.addrs.GRPC).Bool("tls", bool(cfg.SecureServing)).
+			Str("health", inst.addrs.Health).Str("selection", inst.addrs.Selection).Str("metrics", inst.addrs.Metrics).
+			Str("inference_pool", cfg.PodNamespace+"/"+cfg.InferencePoolName).Str("tokenizer_protocol", cfg.EffectiveTokenizerProtocol()).
+			Bool("use_kv_events", bool(cfg.UseKVEvents)).
+			Msg("kvepp started: readiness NOT_SERVING until the InferencePool is synced")
+		return inst, nil
+	}
 	inst.Health.SetReady(true)
 	log.Info().
 		Str("ext_proc", inst.addrs.GRPC).Bool("tls", bool(cfg.SecureServing)).
@@ -490,6 +529,9 @@ func (i *Instance) stop(ctx context.Context) error {
 	if i.discovery != nil {
 		_ = i.discovery.Close()
 	}
+	if i.pool != nil {
+		_ = i.pool.Close()
+	}
 	i.Service.BeginShutdown()
 
 	var errs []error
@@ -505,6 +547,9 @@ func (i *Instance) stop(ctx context.Context) error {
 	}
 	i.runCancel()
 	<-i.runDone
+	if i.kubeDone != nil {
+		<-i.kubeDone
+	}
 	if err := i.metricsSrv.Shutdown(sctx); err != nil {
 		_ = i.metricsSrv.Close()
 	}

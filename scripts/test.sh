@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # kvepp test suite (the README's test command): installs the Debian packages the ZeroMQ interop
 # tests need when they are missing (python3-zmq and python3-msgpack for /usr/bin/python3), then
-# checks formatting, runs go vet and runs every package's tests with the race detector.
+# checks formatting, runs go vet and runs every package's tests with the race detector. The
+# Kubernetes discovery tests run against a real API server (envtest) when its binaries are
+# prepared (scripts/envtest-assets.sh; KUBEBUILDER_ASSETS is set here when they are), and skip
+# with a message otherwise.
 # Fuzz targets run only their seed corpus and benchmarks do not run (no -fuzz / -bench).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -44,4 +47,23 @@ if [[ -n "${unformatted}" ]]; then
 fi
 
 go vet ./...
+
+# The real API server for the Kubernetes discovery tests (controller-runtime envtest): built once
+# into a directory outside the checkout (about 5 minutes the first time, seconds afterwards);
+# KVEPP_SKIP_ENVTEST=1 skips preparing it (those tests then skip unless KUBEBUILDER_ASSETS is set).
+export KVEPP_ENVTEST_ASSETS="${KVEPP_ENVTEST_ASSETS:-$HOME/.cache/kvepp/envtest-assets}"
+assets="${KVEPP_ENVTEST_ASSETS}"
+if [[ -z "${KUBEBUILDER_ASSETS:-}" && "${KVEPP_SKIP_ENVTEST:-0}" != 1 ]]; then
+  bash scripts/envtest-assets.sh ||
+    echo "test.sh: warning: could not prepare the envtest assets; the Kubernetes API server tests will skip" >&2
+fi
+if [[ -z "${KUBEBUILDER_ASSETS:-}" && -x "${assets}/kube-apiserver" && -x "${assets}/etcd" ]]; then
+  export KUBEBUILDER_ASSETS="${assets}"
+fi
+if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
+  echo "test.sh: envtest assets in ${KUBEBUILDER_ASSETS}: the Kubernetes API server tests run" >&2
+else
+  echo "test.sh: no envtest assets (run scripts/envtest-assets.sh): the Kubernetes API server tests are skipped" >&2
+fi
+
 go test -race -count=1 -timeout 15m ./...

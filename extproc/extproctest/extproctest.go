@@ -110,6 +110,9 @@ type Response struct {
 	// ServedEndpoint, when set, is sent as response-phase metadata
 	// filter_metadata["envoy.lb"]["x-gateway-destination-endpoint-served"].
 	ServedEndpoint string
+	// LBMetadataWithoutServed sends filter_metadata["envoy.lb"] without the served key (when
+	// ServedEndpoint is empty), as a gateway that reports other load-balancing metadata.
+	LBMetadataWithoutServed bool
 	// CancelAfterHeaders cancels the stream right after the response headers reply (client disconnect).
 	CancelAfterHeaders bool
 	// CancelAfterChunks > 0 cancels the stream after that many response chunks were sent and answered.
@@ -172,6 +175,8 @@ type Exchange struct {
 	RequestTrailersReplied bool
 	// ResponseHeadersReplied reports that the response_headers reply arrived.
 	ResponseHeadersReplied bool
+	// ResponseSetHeaders are the response_headers reply's set_headers (key → raw value, last wins).
+	ResponseSetHeaders map[string]string
 	// ResponseChunks are the streamed_response echoes of response body chunks (FULL_DUPLEX_STREAMED).
 	ResponseChunks []Chunk
 	// ResponseEcho is the concatenation of ResponseChunks' bodies.
@@ -564,6 +569,10 @@ func (e *emulator) response() error {
 		hm.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
 			LBNamespace: {Fields: map[string]*structpb.Value{ServedEndpointKey: structpb.NewStringValue(r.ServedEndpoint)}},
 		}}
+	} else if r.LBMetadataWithoutServed {
+		hm.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+			LBNamespace: {Fields: map[string]*structpb.Value{"x-other": structpb.NewStringValue("1")}},
+		}}
 	}
 	if err := e.sendOrStatus(hm); err != nil {
 		return err
@@ -576,6 +585,16 @@ func (e *emulator) response() error {
 		return fmt.Errorf("expected a response_headers reply, got %T", m.GetResponse())
 	}
 	e.ex.ResponseHeadersReplied = true
+	for _, h := range m.GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if e.ex.ResponseSetHeaders == nil {
+			e.ex.ResponseSetHeaders = map[string]string{}
+		}
+		v := string(h.GetHeader().GetRawValue())
+		if v == "" {
+			v = h.GetHeader().GetValue()
+		}
+		e.ex.ResponseSetHeaders[h.GetHeader().GetKey()] = v
+	}
 	if r.CancelAfterHeaders {
 		e.cancel()
 		e.ex.Cancelled = true

@@ -1,8 +1,10 @@
 // Package discovery holds the sources of the worker catalog (epp.md §2, §10; selection-service.md
-// §4.2): today a watched workers file. A source turns what it observes into full snapshots of worker
-// records and applies each snapshot to the catalog as a diff — upsert new or changed records with
-// source "discovery", delete the discovery workers that vanished — retrying a failed apply after 5 s
-// unless a newer snapshot arrives first.
+// §4.2): a watched workers file (FileSource) and a Kubernetes InferencePool with its pods
+// (PoolSource, fed by the process's one controller-runtime cluster, NewKube). A source turns what
+// it observes into full snapshots of worker records and applies each snapshot to the catalog as a
+// diff — upsert new or changed records with source "discovery", delete then re-register workers
+// whose process changed, update which registered workers are candidates, delete the discovery
+// workers that vanished — retrying a failed apply after 5 s unless a newer snapshot arrives first.
 package discovery
 
 import (
@@ -14,7 +16,6 @@ import (
 	"hash/fnv"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 	"time"
 
@@ -162,8 +163,8 @@ type FileSource struct {
 	cat Catalog
 	log zerolog.Logger
 
-	// owned is the set of workers this source registered, with the record it last applied.
-	owned map[uint64]picker.WorkerRecord
+	// rec applies snapshots as diffs and remembers the workers this source registered.
+	rec *reconciler
 	// lastContent is the file content of the last fully applied snapshot.
 	lastContent []byte
 
@@ -198,12 +199,13 @@ func NewFileSource(cfg FileConfig, cat Catalog) (*FileSource, error) {
 		return nil, fmt.Errorf("workers file %q: %w", cfg.Path, err)
 	}
 	cfg.Path = abs
+	log := cfg.Logger.With().Str("component", "discovery").Str("workers_file", abs).Logger()
 	return &FileSource{
-		cfg:   cfg,
-		cat:   cat,
-		log:   cfg.Logger.With().Str("component", "discovery").Str("workers_file", abs).Logger(),
-		owned: map[uint64]picker.WorkerRecord{},
-		done:  make(chan struct{}),
+		cfg:  cfg,
+		cat:  cat,
+		log:  log,
+		rec:  newReconciler(cat, log, cfg.OpTimeout, "workers file"),
+		done: make(chan struct{}),
 	}, nil
 }
 
@@ -291,37 +293,37 @@ func invalidSignature(data []byte, err error) uint64 {
 	return h.Sum64()
 }
 
+// fileSnapshot is one parsed version of the workers file.
+type fileSnapshot struct {
+	recs    []picker.WorkerRecord
+	content []byte
+}
+
 // loop serializes every apply: file events (debounced), retries, shutdown.
 func (s *FileSource) loop(ctx context.Context) {
 	defer close(s.done)
 	defer s.watcher.Close()
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	var pending []picker.WorkerRecord
-	var pendingContent []byte
-	hasPending := false
+	retry := newRetrier[fileSnapshot](s.cfg.RetryInterval)
+	defer retry.stop()
 	// lastInvalid is the signature of the invalid read last logged (0: the last read was valid),
 	// so one garbled write is reported once however many directory events re-read it.
 	var lastInvalid uint64
 
-	attempt := func(recs []picker.WorkerRecord, content []byte) {
-		if err := s.apply(ctx, recs); err != nil {
+	attempt := func(snap fileSnapshot) {
+		if err := s.apply(ctx, snap.recs); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			s.log.Error().Err(err).Int64("retry_in_ms", s.cfg.RetryInterval.Milliseconds()).Msg("workers file snapshot apply failed; will retry")
-			pending, pendingContent, hasPending = recs, content, true
+			retry.failed(snap)
 			s.setPending(true, true)
-			retry.Reset(s.cfg.RetryInterval)
 			return
 		}
-		hasPending = false
-		pending, pendingContent = nil, nil
-		retry.Stop()
+		retry.succeeded()
 		s.setPending(false, false)
-		s.lastContent = content
+		s.lastContent = snap.content
 	}
 
 	for {
@@ -353,15 +355,15 @@ func (s *FileSource) loop(ctx context.Context) {
 				continue
 			}
 			lastInvalid = 0
-			if !hasPending && bytes.Equal(data, s.lastContent) {
+			if !retry.isPending() && bytes.Equal(data, s.lastContent) {
 				continue
 			}
 			// A newer snapshot supersedes a pending retry.
-			attempt(recs, data)
-		case <-retry.C:
-			if hasPending {
+			attempt(fileSnapshot{recs: recs, content: data})
+		case <-retry.C():
+			if snap, ok := retry.due(); ok {
 				s.log.Info().Msg("retrying workers file snapshot")
-				attempt(pending, pendingContent)
+				attempt(snap)
 			}
 		}
 	}
@@ -376,73 +378,25 @@ func (s *FileSource) setPending(pending, failed bool) {
 	}
 }
 
-// apply makes the catalog match recs: upsert every record that is new, changed since this source
-// last applied it, or differs from (or is missing in) the catalog; delete owned workers that are no
-// longer listed. Every operation is attempted; the joined errors are returned.
+// apply makes the catalog match recs (reconciler.apply: upsert what is new, changed since this
+// source last applied it, or differs from or is missing in the catalog; delete owned workers that
+// are no longer listed). Every operation is attempted; the joined errors are returned.
 func (s *FileSource) apply(ctx context.Context, recs []picker.WorkerRecord) error {
-	current := map[uint64]picker.WorkerRecord{}
-	for _, st := range s.cat.Workers("", "") {
-		current[st.WorkerID] = st.WorkerRecord
+	want := make([]desiredWorker, len(recs))
+	for i, r := range recs {
+		want[i] = desiredWorker{rec: r, candidate: true}
 	}
-	want := make(map[uint64]bool, len(recs))
-	var errs []error
-	upserts, deletes := 0, 0
-	for _, rec := range recs {
-		want[rec.WorkerID] = true
-		last, owned := s.owned[rec.WorkerID]
-		cur, present := current[rec.WorkerID]
-		if owned && present && sameRecord(last, rec) && sameRecord(cur, rec) {
-			continue
-		}
-		opCtx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		st, err := s.cat.UpsertWorker(opCtx, rec, picker.SourceDiscovery)
-		cancel()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("upsert worker %d: %w", rec.WorkerID, err))
-			continue
-		}
-		upserts++
-		s.owned[rec.WorkerID] = rec
-		if len(st.NotSchedulableReasons) > 0 {
-			// A worker the operator listed that cannot take traffic is worth a warning: the
-			// reasons usually name a missing field or setting.
-			s.log.Warn().Uint64("worker_id", rec.WorkerID).Str("lifecycle", st.Lifecycle).
-				Strs("not_schedulable_reasons", st.NotSchedulableReasons).
-				Msg("worker registered from workers file but not schedulable")
-		} else {
-			s.log.Info().Uint64("worker_id", rec.WorkerID).Str("lifecycle", st.Lifecycle).
-				Msg("worker registered from workers file")
-		}
-	}
-	gone := make([]uint64, 0)
-	for id := range s.owned {
-		if !want[id] {
-			gone = append(gone, id)
-		}
-	}
-	sort.Slice(gone, func(i, j int) bool { return gone[i] < gone[j] })
-	for _, id := range gone {
-		opCtx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		_, err := s.cat.DeleteWorker(opCtx, id)
-		cancel()
-		if err != nil && picker.KindOf(err) != picker.KindNotFound {
-			errs = append(errs, fmt.Errorf("delete worker %d: %w", id, err))
-			continue
-		}
-		deletes++
-		delete(s.owned, id)
-		s.log.Info().Uint64("worker_id", id).Msg("worker removed: no longer in workers file")
-	}
+	res, err := s.rec.apply(ctx, want)
 	s.mu.Lock()
-	s.stats.Workers = len(s.owned)
-	if len(errs) == 0 {
+	s.stats.Workers = len(s.rec.owned)
+	if err == nil {
 		s.stats.Applied++
 	}
 	s.mu.Unlock()
-	if len(errs) > 0 {
-		return errors.Join(errs...)
+	if err != nil {
+		return err
 	}
-	s.log.Info().Int("workers", len(recs)).Int("upserted", upserts).Int("deleted", deletes).Msg("workers file applied")
+	s.log.Info().Int("workers", len(recs)).Int("upserted", res.upserts).Int("deleted", res.deletes).Msg("workers file applied")
 	return nil
 }
 

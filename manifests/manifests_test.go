@@ -1,0 +1,475 @@
+// Package manifests holds no Go code: it is the kustomize tree of manifests/ (README.md), and this
+// test renders every kustomization and checks the objects against kvepp itself.
+package manifests
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvepp/kvepp/extproc"
+	"github.com/kvepp/kvepp/internal/sharedtest"
+	"github.com/kvepp/kvepp/picker/discovery"
+	"github.com/kvepp/kvepp/runner"
+)
+
+// destinationRule mirrors the fields of Istio's networking.istio.io/v1 DestinationRule that the
+// overlays use (Istio's Go API module is not a dependency); strict decoding still rejects any
+// other field.
+type destinationRule struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name      string            `json:"name"`
+		Namespace string            `json:"namespace"`
+		Labels    map[string]string `json:"labels,omitempty"`
+	} `json:"metadata"`
+	Spec struct {
+		Host          string `json:"host"`
+		TrafficPolicy struct {
+			TLS struct {
+				Mode               string `json:"mode"`
+				InsecureSkipVerify bool   `json:"insecureSkipVerify,omitempty"`
+			} `json:"tls"`
+		} `json:"trafficPolicy"`
+	} `json:"spec"`
+}
+
+// rendered is one kustomization's output, decoded into typed objects.
+type rendered struct {
+	dir              string
+	serviceAccounts  []corev1.ServiceAccount
+	services         []corev1.Service
+	deployments      []appsv1.Deployment
+	roles            []rbacv1.Role
+	roleBindings     []rbacv1.RoleBinding
+	pools            []inferencev1.InferencePool
+	gateways         []gatewayv1.Gateway
+	httpRoutes       []gatewayv1.HTTPRoute
+	destinationRules []destinationRule
+}
+
+// strict decodes JSON into out, rejecting unknown fields.
+func strict(js []byte, out any) error {
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	return dec.Decode(out)
+}
+
+// decodeInto appends the strict decoding of js to *list.
+func decodeInto[T any](js []byte, list *[]T) error {
+	var v T
+	if err := strict(js, &v); err != nil {
+		return err
+	}
+	*list = append(*list, v)
+	return nil
+}
+
+// render builds dir with the kustomize API (the engine behind `kubectl kustomize`) and decodes
+// every object strictly into its typed struct; an object of a kind the manifests should not
+// contain fails the test.
+func render(t *testing.T, dir string) *rendered {
+	t.Helper()
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize %s: %v", dir, err)
+	}
+	out := &rendered{dir: dir}
+	for _, res := range m.Resources() {
+		y, err := res.AsYAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := yaml.YAMLToJSON(y)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var err2 error
+		switch gvk := res.GetApiVersion() + "/" + res.GetKind(); gvk {
+		case "v1/ServiceAccount":
+			err2 = decodeInto(js, &out.serviceAccounts)
+		case "v1/Service":
+			err2 = decodeInto(js, &out.services)
+		case "apps/v1/Deployment":
+			err2 = decodeInto(js, &out.deployments)
+		case "rbac.authorization.k8s.io/v1/Role":
+			err2 = decodeInto(js, &out.roles)
+		case "rbac.authorization.k8s.io/v1/RoleBinding":
+			err2 = decodeInto(js, &out.roleBindings)
+		case "inference.networking.k8s.io/v1/InferencePool":
+			err2 = decodeInto(js, &out.pools)
+		case "gateway.networking.k8s.io/v1/Gateway":
+			err2 = decodeInto(js, &out.gateways)
+		case "gateway.networking.k8s.io/v1/HTTPRoute":
+			err2 = decodeInto(js, &out.httpRoutes)
+		case "networking.istio.io/v1/DestinationRule":
+			err2 = decodeInto(js, &out.destinationRules)
+		default:
+			t.Fatalf("%s renders an unexpected %s %s", dir, gvk, res.GetName())
+		}
+		if err2 != nil {
+			t.Fatalf("%s: %s %s does not decode strictly: %v", dir, res.GetKind(), res.GetName(), err2)
+		}
+	}
+	return out
+}
+
+// kustomizations lists every directory of manifests/ holding a kustomization.yaml.
+func kustomizations(t *testing.T) []string {
+	t.Helper()
+	var dirs []string
+	err := filepath.WalkDir(".", func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && d.Name() == "kustomization.yaml" {
+			dirs = append(dirs, filepath.Dir(p))
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"base", "examples/vllm", "overlays/envoy-gateway", "overlays/istio", "overlays/istio-plaintext", "overlays/kgateway"}
+	if !slices.Equal(dirs, want) {
+		t.Fatalf("kustomizations %v, want %v", dirs, want)
+	}
+	return dirs
+}
+
+func TestEveryKustomizationRenders(t *testing.T) {
+	kubectl, _ := exec.LookPath("kubectl")
+	for _, dir := range kustomizations(t) {
+		t.Run(dir, func(t *testing.T) {
+			r := render(t, dir)
+			if kubectl == "" {
+				return
+			}
+			// The command the README gives operators renders the same objects.
+			out, err := exec.Command(kubectl, "kustomize", dir).CombinedOutput()
+			if err != nil {
+				t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, out)
+			}
+			if got, want := strings.Count(string(out), "\nkind: ")+boolInt(strings.HasPrefix(string(out), "kind: ")), r.count(); got != want {
+				t.Errorf("kubectl kustomize %s: %d objects, the kustomize API %d", dir, got, want)
+			}
+		})
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (r *rendered) count() int {
+	return len(r.serviceAccounts) + len(r.services) + len(r.deployments) + len(r.roles) + len(r.roleBindings) +
+		len(r.pools) + len(r.gateways) + len(r.httpRoutes) + len(r.destinationRules)
+}
+
+// epp returns the base's EPP Deployment, Service and pool.
+func epp(t *testing.T, r *rendered) (*appsv1.Deployment, *corev1.Service, *inferencev1.InferencePool) {
+	t.Helper()
+	if len(r.deployments) != 1 || len(r.services) != 1 || len(r.pools) != 1 {
+		t.Fatalf("%s: %d deployments, %d services, %d pools; want one each", r.dir, len(r.deployments), len(r.services), len(r.pools))
+	}
+	return &r.deployments[0], &r.services[0], &r.pools[0]
+}
+
+func container(t *testing.T, d *appsv1.Deployment, name string) *corev1.Container {
+	t.Helper()
+	for i := range d.Spec.Template.Spec.Containers {
+		if d.Spec.Template.Spec.Containers[i].Name == name {
+			return &d.Spec.Template.Spec.Containers[i]
+		}
+	}
+	t.Fatalf("deployment %s has no container %q", d.Name, name)
+	return nil
+}
+
+func env(c *corev1.Container) map[string]corev1.EnvVar {
+	out := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		out[e.Name] = e
+	}
+	return out
+}
+
+func TestBaseRBACIsExactlyWhatDiscoveryUses(t *testing.T) {
+	r := render(t, "base")
+	if len(r.roles) != 1 || len(r.roleBindings) != 1 || len(r.serviceAccounts) != 1 {
+		t.Fatalf("%d roles, %d bindings, %d service accounts", len(r.roles), len(r.roleBindings), len(r.serviceAccounts))
+	}
+	sort := cmpopts.SortSlices(func(a, b rbacv1.PolicyRule) bool { return a.Resources[0] < b.Resources[0] })
+	if diff := cmp.Diff(discovery.RBACRules(), r.roles[0].Rules, sort); diff != "" {
+		t.Errorf("Role rules differ from discovery.RBACRules() (-discovery +manifest):\n%s", diff)
+	}
+	b, sa := r.roleBindings[0], r.serviceAccounts[0]
+	d, _, _ := epp(t, r)
+	if b.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: r.roles[0].Name}) ||
+		len(b.Subjects) != 1 || b.Subjects[0] != (rbacv1.Subject{Kind: "ServiceAccount", Name: sa.Name, Namespace: sa.Namespace}) ||
+		d.Spec.Template.Spec.ServiceAccountName != sa.Name {
+		t.Errorf("binding %+v does not bind the Role to the EPP's ServiceAccount %s/%s (pod uses %q)", b, sa.Namespace, sa.Name, d.Spec.Template.Spec.ServiceAccountName)
+	}
+}
+
+func TestBaseDeployment(t *testing.T) {
+	r := render(t, "base")
+	d, svc, pool := epp(t, r)
+	c := container(t, d, "epp")
+
+	t.Run("probes are gRPC health checks on the health port with the service names kvepp answers", func(t *testing.T) {
+		for name, p := range map[string]*corev1.Probe{extproc.HealthLiveness: c.LivenessProbe, extproc.HealthReadiness: c.ReadinessProbe} {
+			if p == nil || p.GRPC == nil || p.GRPC.Port != 9003 || p.GRPC.Service == nil || *p.GRPC.Service != name {
+				t.Errorf("%s probe %+v, want grpc port 9003 service %q", name, p, name)
+			}
+		}
+	})
+	t.Run("ports: ext_proc 9002 (http2), health 9003, metrics 9090, selection 8092", func(t *testing.T) {
+		want := map[string]int32{"grpc-ext-proc": 9002, "grpc-health": 9003, "http-metrics": 9090, "selection-http": 8092}
+		got := map[string]int32{}
+		for _, p := range c.Ports {
+			got[p.Name] = p.ContainerPort
+		}
+		if !cmp.Equal(got, want) {
+			t.Errorf("container ports %v, want %v", got, want)
+		}
+		sp := map[string]corev1.ServicePort{}
+		for _, p := range svc.Spec.Ports {
+			sp[p.Name] = p
+		}
+		for name, port := range want {
+			if p, ok := sp[name]; !ok || p.Port != port || p.TargetPort.StrVal != name {
+				t.Errorf("service port %s = %+v", name, p)
+			}
+		}
+		if ap := sp["grpc-ext-proc"].AppProtocol; ap == nil || *ap != "http2" {
+			t.Errorf("ext_proc service port appProtocol %v, want http2", ap)
+		}
+		if !cmp.Equal(svc.Spec.Selector, d.Spec.Template.Labels) {
+			t.Errorf("service selector %v does not select the pod labels %v", svc.Spec.Selector, d.Spec.Template.Labels)
+		}
+	})
+	t.Run("every container runs non-root with a read-only root filesystem and no capabilities", func(t *testing.T) {
+		ps := d.Spec.Template.Spec.SecurityContext
+		if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.RunAsUser == nil || *ps.RunAsUser == 0 {
+			t.Errorf("pod security context %+v", ps)
+		}
+		all := append(slices.Clone(d.Spec.Template.Spec.InitContainers), d.Spec.Template.Spec.Containers...)
+		for _, c := range all {
+			sc := c.SecurityContext
+			if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil ||
+				*sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+				t.Errorf("container %s security context %+v", c.Name, sc)
+			}
+			if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+				t.Errorf("container %s resources %+v", c.Name, c.Resources)
+			}
+		}
+	})
+	t.Run("the InferencePool's endpointPickerRef is the EPP Service's ext_proc port", func(t *testing.T) {
+		ref := pool.Spec.EndpointPickerRef
+		if ref == nil || string(ref.Name) != svc.Name || ref.Port == nil || ref.Port.Number != 9002 || (ref.Kind != "" && ref.Kind != "Service") {
+			t.Errorf("endpointPickerRef %+v", ref)
+		}
+		if e := env(c)["DYN_EPP_INFERENCE_POOL_NAME"]; e.Value != pool.Name {
+			t.Errorf("DYN_EPP_INFERENCE_POOL_NAME %q, pool %q", e.Value, pool.Name)
+		}
+		if e := env(c)["POD_NAMESPACE"]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+			t.Errorf("POD_NAMESPACE %+v, want the downward API's metadata.namespace", e)
+		}
+	})
+	t.Run("the environment is a valid kvepp configuration of known settings", func(t *testing.T) {
+		environ := []string{}
+		for _, e := range c.Env {
+			v := e.Value
+			if e.ValueFrom != nil {
+				v = "from-" + e.Name // downward API values
+			}
+			if e.Name == "DYN_EPP_TOKENIZER_DIR" {
+				v = sharedtest.Qwen3TokenizerDir(t) // what the init container downloads
+			}
+			if _, known := runner.CanonicalSettingName(e.Name); !known && e.Name != "POD_NAMESPACE" && e.Name != "POD_IP" {
+				t.Errorf("env %s is not a kvepp setting", e.Name)
+			}
+			if e.Name == "DYN_EPP_CONFORMANCE_TEST_HOOKS" {
+				t.Errorf("the conformance hooks must stay off in the base manifests")
+			}
+			environ = append(environ, e.Name+"="+v)
+		}
+		if _, err := runner.LoadConfig(environ, c.Args, nil); err != nil {
+			t.Errorf("the Deployment's configuration does not load: %v", err)
+		}
+	})
+	t.Run("the image is the one the Dockerfile builds, running as its user", func(t *testing.T) {
+		df, err := os.ReadFile("../Dockerfile")
+		if err != nil {
+			t.Fatal(err)
+		}
+		name, _, _ := strings.Cut(c.Image, ":")
+		if !strings.Contains(string(df), "docker build -t "+name+" .") {
+			t.Errorf("image %q is not the Dockerfile's `docker build -t` tag", c.Image)
+		}
+		uid := *d.Spec.Template.Spec.SecurityContext.RunAsUser
+		if !strings.Contains(string(df), fmt.Sprintf("USER %d:%d", uid, uid)) {
+			t.Errorf("runAsUser %d is not the Dockerfile's USER", uid)
+		}
+		for _, p := range c.Ports {
+			if !strings.Contains(string(df), strconv.Itoa(int(p.ContainerPort))) {
+				t.Errorf("port %d is not exposed by the Dockerfile", p.ContainerPort)
+			}
+		}
+	})
+	t.Run("the tokenizer files reach the EPP's tokenizer directory", func(t *testing.T) {
+		if len(d.Spec.Template.Spec.InitContainers) != 1 {
+			t.Fatalf("init containers %d", len(d.Spec.Template.Spec.InitContainers))
+		}
+		ic := d.Spec.Template.Spec.InitContainers[0]
+		script := strings.Join(ic.Command, " ")
+		for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
+			if !strings.Contains(script, f) {
+				t.Errorf("init container does not fetch %s", f)
+			}
+		}
+		mount := func(c corev1.Container) string {
+			for _, m := range c.VolumeMounts {
+				if m.Name == "tokenizer" {
+					return m.MountPath
+				}
+			}
+			return ""
+		}
+		if mount(ic) == "" || mount(ic) != mount(*c) || env(c)["DYN_EPP_TOKENIZER_DIR"].Value != mount(*c) {
+			t.Errorf("tokenizer volume: init %q, epp %q, DYN_EPP_TOKENIZER_DIR %q", mount(ic), mount(*c), env(c)["DYN_EPP_TOKENIZER_DIR"].Value)
+		}
+		if e := env(&ic)["TOKENIZER_MODEL"]; e.Value != env(c)["DYN_MODEL_NAME"].Value {
+			t.Errorf("the init container fetches %q's tokenizer, the EPP serves %q", e.Value, env(c)["DYN_MODEL_NAME"].Value)
+		}
+	})
+}
+
+// vllmArg returns the value of --name=value in args ("" when absent; present reports bare flags).
+func vllmArg(args []string, name string) (value string, present bool) {
+	for _, a := range args {
+		if a == name {
+			return "", true
+		}
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+func TestVLLMExampleMatchesThePoolAndTheEPP(t *testing.T) {
+	base := render(t, "base")
+	d, _, pool := epp(t, base)
+	eppEnv := env(container(t, d, "epp"))
+	ex := render(t, "examples/vllm")
+	if len(ex.deployments) != 1 {
+		t.Fatalf("%d deployments", len(ex.deployments))
+	}
+	v := ex.deployments[0]
+	c := container(t, &v, "vllm")
+	for k, want := range pool.Spec.Selector.MatchLabels {
+		if v.Spec.Template.Labels[string(k)] != string(want) {
+			t.Errorf("vLLM pods lack the pool label %s=%s: %v", k, want, v.Spec.Template.Labels)
+		}
+	}
+	if v.Namespace != pool.Namespace {
+		t.Errorf("vLLM namespace %q, pool %q", v.Namespace, pool.Namespace)
+	}
+	if _, on := vllmArg(c.Args, "--enable-prefix-caching"); !on {
+		t.Error("prefix caching is off")
+	}
+	for flag, want := range map[string]string{
+		"--block-size":        eppEnv["DYN_KV_CACHE_BLOCK_SIZE"].Value,
+		"--served-model-name": eppEnv["DYN_MODEL_NAME"].Value,
+		"--port":              strconv.Itoa(int(pool.Spec.TargetPorts[0].Number)),
+	} {
+		if got, _ := vllmArg(c.Args, flag); got != want {
+			t.Errorf("vLLM %s=%q, kvepp/pool want %q", flag, got, want)
+		}
+	}
+	raw, _ := vllmArg(c.Args, "--kv-events-config")
+	var kv struct {
+		Enable   bool   `json:"enable_kv_cache_events"`
+		Pub      string `json:"publisher"`
+		Endpoint string `json:"endpoint"`
+		Replay   string `json:"replay_endpoint"`
+		Topic    string `json:"topic"`
+	}
+	if err := strict([]byte(raw), &kv); err != nil {
+		t.Fatalf("--kv-events-config %q: %v", raw, err)
+	}
+	if !kv.Enable || kv.Pub != "zmq" || kv.Endpoint != "tcp://*:"+eppEnv["DYN_EPP_KV_EVENT_PORT"].Value ||
+		kv.Replay != "tcp://*:"+eppEnv["DYN_EPP_KV_EVENT_REPLAY_PORT"].Value {
+		t.Errorf("--kv-events-config %+v does not publish where kvepp subscribes (port %s, replay %s)", kv,
+			eppEnv["DYN_EPP_KV_EVENT_PORT"].Value, eppEnv["DYN_EPP_KV_EVENT_REPLAY_PORT"].Value)
+	}
+	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/health" {
+		t.Errorf("vLLM readiness probe %+v", c.ReadinessProbe)
+	}
+}
+
+func TestOverlaysRouteTheGatewayToThePool(t *testing.T) {
+	for dir, class := range map[string]string{
+		"overlays/envoy-gateway": "eg", "overlays/istio": "istio", "overlays/istio-plaintext": "istio", "overlays/kgateway": "kgateway",
+	} {
+		t.Run(dir, func(t *testing.T) {
+			r := render(t, dir)
+			d, svc, pool := epp(t, r)
+			if len(r.gateways) != 1 || len(r.httpRoutes) != 1 {
+				t.Fatalf("%d gateways, %d routes", len(r.gateways), len(r.httpRoutes))
+			}
+			gw, route := r.gateways[0], r.httpRoutes[0]
+			if string(gw.Spec.GatewayClassName) != class {
+				t.Errorf("gatewayClassName %q, want %q", gw.Spec.GatewayClassName, class)
+			}
+			if len(route.Spec.ParentRefs) != 1 || string(route.Spec.ParentRefs[0].Name) != gw.Name {
+				t.Errorf("route parents %+v", route.Spec.ParentRefs)
+			}
+			if len(route.Spec.Rules) != 1 || len(route.Spec.Rules[0].BackendRefs) != 1 {
+				t.Fatalf("route rules %+v", route.Spec.Rules)
+			}
+			br := route.Spec.Rules[0].BackendRefs[0]
+			if br.Group == nil || string(*br.Group) != inferencev1.GroupName || br.Kind == nil || *br.Kind != "InferencePool" ||
+				string(br.Name) != pool.Name || (br.Namespace != nil && string(*br.Namespace) != pool.Namespace) {
+				t.Errorf("backendRef %+v is not the pool %s", br, pool.Name)
+			}
+			secure := env(container(t, d, "epp"))["DYN_EPP_SECURE_SERVING"].Value
+			if class != "istio" {
+				if secure != "true" {
+					t.Errorf("%s speaks TLS to the EPP; DYN_EPP_SECURE_SERVING=%q", class, secure)
+				}
+				return
+			}
+			if len(r.destinationRules) != 1 {
+				t.Fatalf("%d DestinationRules", len(r.destinationRules))
+			}
+			dr := r.destinationRules[0]
+			mode := map[string]string{"true": "SIMPLE", "false": "DISABLE"}[secure]
+			if dr.Spec.Host != svc.Name || dr.Spec.TrafficPolicy.TLS.Mode != mode || dr.Spec.TrafficPolicy.TLS.InsecureSkipVerify != (mode == "SIMPLE") {
+				t.Errorf("DestinationRule %+v for an EPP with DYN_EPP_SECURE_SERVING=%s", dr.Spec, secure)
+			}
+		})
+	}
+}
