@@ -70,6 +70,22 @@ type Config struct {
 	// RecoveryTimeout bounds startup recovery (DYN_EPP_RECOVERY_TIMEOUT_SECS, seconds).
 	RecoveryTimeout Seconds `env:"DYN_EPP_RECOVERY_TIMEOUT_SECS" envDefault:"30" flag:"recovery-timeout-secs" help:"bound on startup /dump recovery, seconds"`
 
+	// --- replica sync and peer EPPs (epp.md §10.4, §11.2; selection-service.md §15) ---
+
+	// ReplicaSyncPort is DYN_EPP_REPLICA_SYNC_PORT: the replica-sync PUB port (default 9092; 0 =
+	// an ephemeral port). Setting it turns replica sync on.
+	ReplicaSyncPort OptPort `env:"DYN_EPP_REPLICA_SYNC_PORT" flag:"replica-sync-port" help:"replica-sync ZeroMQ PUB port (default 9092; setting it enables replica sync)"`
+	// ReplicaSyncPeers is DYN_EPP_REPLICA_SYNC_PEERS: static peer PUB endpoints (tcp://host:port,
+	// ipc://…, inproc://…); turns replica sync on.
+	ReplicaSyncPeers []string `env:"DYN_EPP_REPLICA_SYNC_PEERS" flag:"replica-sync-peers" help:"comma list of peer replica-sync endpoints (tcp://host:port); enables replica sync"`
+	// PeerService is DYN_EPP_PEER_SERVICE: the Service whose EndpointSlices list the peer EPPs;
+	// turns replica sync on and makes their selection ports the recovery peers.
+	PeerService string `env:"DYN_EPP_PEER_SERVICE" flag:"peer-service" help:"Service whose EndpointSlices list peer EPPs (enables replica sync)"`
+	// PodNamespace is POD_NAMESPACE: the namespace of the peer Service (and of the InferencePool).
+	PodNamespace string `env:"POD_NAMESPACE" help:"namespace of the pod (peer Service, InferencePool)"`
+	// PodIP is POD_IP: this replica's address, excluded from the peers; required with a peer service.
+	PodIP string `env:"POD_IP" help:"this pod's IP, excluded from the peer EPPs"`
+
 	// --- tokenization (epp.md §5.4) ---
 
 	// TokenizerProtocol is local, vllm-render or none; empty = derived (local when a tokenizer dir
@@ -688,6 +704,9 @@ func (c *Config) Validate() error {
 		if o.v.Set && (o.v.Value < 1 || o.v.Value != math.Trunc(o.v.Value) || o.v.Value > 1<<53) {
 			return c.invalid(o.key, o.v.Value, "must be a whole number > 0")
 		}
+	}
+	if err := c.validateReplicaSync(); err != nil {
+		return err
 	}
 	return c.validateRouter()
 }
