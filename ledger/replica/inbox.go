@@ -2,6 +2,7 @@ package replica
 
 import (
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvepp/kvepp/ledger"
@@ -20,6 +21,8 @@ type inItem struct {
 type inbox struct {
 	part Partition
 	q    *fifo[inItem]
+	// applying counts the events the applier took from q and has not applied yet.
+	applying atomic.Int64
 	// freed remembers recent frees of ids that were not live (id → when), oldest first in
 	// freedOrder, so an admission the free overtook is not mirrored.
 	freed      map[string]time.Time
@@ -110,12 +113,15 @@ func (m *Manager) applyLoop(in *inbox, a Applier) {
 		case <-in.q.wake:
 		}
 		for m.ctx.Err() == nil {
+			in.applying.Store(int64(in.q.len()))
 			items = in.q.swap(items)
+			in.applying.Store(int64(len(items)))
 			if len(items) == 0 {
 				break
 			}
 			for i := range items {
 				m.apply(in, a, &items[i])
+				in.applying.Add(-1)
 			}
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -45,8 +46,11 @@ const (
 	DefaultFreedWindow = 10 * time.Second
 	// maxFreedPerPartition bounds those remembered frees per partition.
 	maxFreedPerPartition = 16_384
-	// socketHWM bounds the messages zmq4 itself queues on the PUB socket behind the sender.
-	socketHWM = 10_000
+	// socketHWM bounds the messages zmq4 itself queues on the PUB socket behind the sender (its
+	// writer goroutine writes them to every subscriber in turn). zmq4 drops beyond it without
+	// telling, so it is as large as the outbound queue: only a sustained overload of more than
+	// twice that many events reaches it.
+	socketHWM = DefaultOutboundCapacity
 )
 
 // Errors of the peer routes; test with errors.Is.
@@ -167,7 +171,9 @@ type Manager struct {
 
 	c         counters
 	connected atomic.Int64
-	warned    [NumDropReasons]atomic.Int64 // unix nanos of the last warning per reason
+	// sending counts the events the sender took from the queues and has not written yet.
+	sending atomic.Int64
+	warned  [NumDropReasons]atomic.Int64 // unix nanos of the last warning per reason
 }
 
 // New validates cfg, binds the PUB socket (selection-service.md §16 step 2) and starts the
@@ -264,7 +270,10 @@ func (m *Manager) Close() error {
 		p.stop()
 	}
 	m.wg.Wait()
-	return m.pub.Close()
+	if err := m.pub.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
 }
 
 // PublishSlot queues a booking event of partition p (block size bs tokens) for the peers
@@ -304,7 +313,9 @@ func (m *Manager) sendLoop() {
 		case <-m.affOut.wake:
 		}
 		for m.ctx.Err() == nil {
+			m.sending.Store(int64(m.slotOut.len() + m.affOut.len()))
 			slots, affs = m.slotOut.swap(slots), m.affOut.swap(affs)
+			m.sending.Store(int64(len(slots) + len(affs)))
 			if len(slots) == 0 && len(affs) == 0 {
 				break
 			}
@@ -321,6 +332,7 @@ func (m *Manager) sendLoop() {
 }
 
 func (m *Manager) send(topic, payload []byte, err error, at time.Time, sent *atomic.Uint64) {
+	defer m.sending.Add(-1)
 	if err == nil {
 		err = m.pub.SendMulti(zmq4.NewMsgFrom(topic, payload))
 	}
@@ -411,7 +423,7 @@ func (m *Manager) Stats() Stats {
 		ReceivedSlot: m.c.receivedSlot.Load(), ReceivedAffinity: m.c.receivedAffinity.Load(),
 		AppliedSlot: m.c.appliedSlot.Load(), AppliedAffinity: m.c.appliedAffinity.Load(),
 		PeersConnected: int(m.connected.Load()),
-		OutboundQueued: m.slotOut.len() + m.affOut.len(),
+		OutboundQueued: m.slotOut.len() + m.affOut.len() + int(m.sending.Load()),
 		OutboundLag:    m.c.outboundLag.snapshot(), InboundLag: m.c.inboundLag.snapshot(),
 	}
 	for i := range st.Dropped {
@@ -422,7 +434,7 @@ func (m *Manager) Stats() Stats {
 	m.mu.Unlock()
 	m.inMu.Lock()
 	for _, in := range m.inboxes {
-		st.InboundQueued += in.q.len()
+		st.InboundQueued += in.q.len() + int(in.applying.Load())
 	}
 	m.inMu.Unlock()
 	return st
