@@ -302,3 +302,109 @@ func mustAtoi(t *testing.T, s string) int {
 	}
 	return v
 }
+
+func TestReplicaSyncSettings(t *testing.T) {
+	base := func() Config {
+		cfg := replicaConfig(t)
+		cfg.ReplicaSyncPort = OptPort{}
+		return cfg
+	}
+	t.Run("off by default; each of port, peers and peer service turns it on", func(t *testing.T) {
+		cfg := base()
+		if cfg.ReplicaSyncEnabled() {
+			t.Fatal("replica sync on by default")
+		}
+		for _, mod := range []func(*Config){
+			func(c *Config) { c.ReplicaSyncPort = OptPort{Set: true, Value: 9092} },
+			func(c *Config) { c.ReplicaSyncPeers = []string{"tcp://peer:9092"} },
+			func(c *Config) { c.PeerService, c.PodNamespace, c.PodIP = "peers", "ns", "10.0.0.1" },
+		} {
+			c := base()
+			mod(&c)
+			if !c.ReplicaSyncEnabled() || c.Validate() != nil {
+				t.Fatalf("enabled %v, validate %v", c.ReplicaSyncEnabled(), c.Validate())
+			}
+		}
+	})
+	for name, tc := range map[string]struct {
+		env  []string
+		want string
+	}{
+		"an invalid peer":                    {[]string{"DYN_EPP_REPLICA_SYNC_PEERS=peer:9092"}, `invalid DYN_EPP_REPLICA_SYNC_PEERS "peer:9092"`},
+		"an unbracketed IPv6 peer":           {[]string{"DYN_EPP_REPLICA_SYNC_PEERS=tcp://::1:9092"}, "IPv6 hosts must be bracketed"},
+		"a port out of range":                {[]string{"DYN_EPP_REPLICA_SYNC_PORT=70000"}, `invalid DYN_EPP_REPLICA_SYNC_PORT "70000": must be a port in 0..65535`},
+		"a port used by another listener":    {[]string{"DYN_EPP_REPLICA_SYNC_PORT=9090"}, "port is already used by DYN_EPP_METRICS_PORT"},
+		"a peer service without POD_IP":      {[]string{"DYN_EPP_PEER_SERVICE=peers", "POD_NAMESPACE=ns"}, `invalid POD_IP ""`},
+		"a peer service without a namespace": {[]string{"DYN_EPP_PEER_SERVICE=peers", "POD_IP=10.0.0.1"}, `invalid POD_NAMESPACE ""`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			env := append([]string{"DYN_EPP_TOKENIZER_PROTOCOL=none", "DYN_ROUTER_USE_KV_EVENTS=false"}, tc.env...)
+			_, err := LoadConfig(env, nil, nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error = %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+	t.Run("the flag form", func(t *testing.T) {
+		cfg, err := LoadConfig([]string{"DYN_EPP_TOKENIZER_PROTOCOL=none", "DYN_ROUTER_USE_KV_EVENTS=false"},
+			[]string{"--replica-sync-port", "9500", "--replica-sync-peers", "tcp://a:9092,tcp://[::1]:9092"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.replicaSyncPort() != 9500 || len(cfg.ReplicaSyncPeers) != 2 {
+			t.Fatalf("port %d peers %v", cfg.replicaSyncPort(), cfg.ReplicaSyncPeers)
+		}
+	})
+}
+
+func TestReplicaRoutesWithoutSync(t *testing.T) {
+	inst := startInstance(t, func() Config { c := replicaConfig(t); c.ReplicaSyncPort = OptPort{}; return c }())
+	if inst.Addrs().ReplicaSync != "" {
+		t.Fatalf("replica sync bound %s while off", inst.Addrs().ReplicaSync)
+	}
+	var peers []string
+	if st := httpJSON(t, http.MethodGet, "http://"+inst.Addrs().Selection+"/replica_sync/peers", nil, &peers); st != http.StatusOK || len(peers) != 0 {
+		t.Fatalf("GET /replica_sync/peers = %d %v", st, peers)
+	}
+	var e struct{ Error string }
+	st := httpJSON(t, http.MethodPost, "http://"+inst.Addrs().Selection+"/replica_sync/register_peer", map[string]string{"endpoint": "tcp://a:1"}, &e)
+	if st != http.StatusConflict || e.Error != "replica sync is disabled" {
+		t.Fatalf("register_peer = %d %q", st, e.Error)
+	}
+}
+
+func TestReplicaPeerRoutes(t *testing.T) {
+	inst := startInstance(t, replicaConfig(t))
+	url := "http://" + inst.Addrs().Selection + "/replica_sync/"
+	var e struct{ Error string }
+	for _, tc := range []struct {
+		path, ep string
+		want     int
+		msg      string
+	}{
+		{"register_peer", "tcp://b:9092", http.StatusCreated, ""},
+		{"register_peer", "tcp://b:9092", http.StatusOK, ""},
+		{"register_peer", "tcp://a:9092", http.StatusCreated, ""},
+		{"register_peer", "udp://a:9092", http.StatusBadRequest, ""},
+		{"deregister_peer", "tcp://b:9092", http.StatusOK, ""},
+		{"deregister_peer", "tcp://b:9092", http.StatusNotFound, "peer not found"},
+		{"deregister_peer", "tcp://b", http.StatusBadRequest, ""},
+	} {
+		e.Error = ""
+		if st := httpJSON(t, http.MethodPost, url+tc.path, map[string]string{"endpoint": tc.ep}, &e); st != tc.want || (tc.msg != "" && e.Error != tc.msg) {
+			t.Fatalf("%s %s = %d %q, want %d %q", tc.path, tc.ep, st, e.Error, tc.want, tc.msg)
+		}
+	}
+	var peers []string
+	httpJSON(t, http.MethodGet, url+"peers", nil, &peers)
+	if len(peers) != 1 || peers[0] != "tcp://a:9092" {
+		t.Fatalf("peers = %v", peers)
+	}
+	// After shutdown begins the peer manager is gone: 503.
+	if err := inst.replica.m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := httpJSON(t, http.MethodPost, url+"register_peer", map[string]string{"endpoint": "tcp://c:1"}, &e); st != http.StatusServiceUnavailable || e.Error != "replica peer manager is unavailable" {
+		t.Fatalf("register after close = %d %q", st, e.Error)
+	}
+}

@@ -32,6 +32,9 @@ var Scheme = "tcp"
 // §15.1, which zmq4 does not implement itself).
 const WriteTimeout = 15 * time.Second
 
+// writeTimeout is the deadline in force (tests shorten it).
+var writeTimeout = WriteTimeout
+
 func init() {
 	if zmq4.RegisterTransport("kvepp-tcp", tcpTransport{plain: transport.New("tcp")}) == nil {
 		Scheme = "kvepp-tcp"
@@ -92,12 +95,12 @@ type deadlineConn struct{ net.Conn }
 
 // Write writes p within WriteTimeout.
 func (c deadlineConn) Write(p []byte) (int, error) {
-	_ = c.Conn.SetWriteDeadline(time.Now().Add(WriteTimeout))
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(writeTimeout))
 	n, err := c.Conn.Write(p)
 	var ne net.Error
 	if err != nil && errors.As(err, &ne) && ne.Timeout() {
 		_ = c.Conn.Close()
-		return n, fmt.Errorf("zmqtcp: write to %s timed out after %v: %w", c.RemoteAddr(), WriteTimeout, io.EOF)
+		return n, fmt.Errorf("zmqtcp: write to %s timed out after %v: %w", c.RemoteAddr(), writeTimeout, io.EOF)
 	}
 	return n, err
 }
