@@ -5,7 +5,8 @@
 // A Manager binds one PUB socket and keeps one SUB socket per peer, subscribed to
 // dynamo.slot-tracker.v1 and dynamo.session-affinity.v1. Published events go through bounded
 // outbound queues (100,000 slot events, 4,096 bindings; full → the newest is dropped and counted)
-// to one sender goroutine. Received events are decoded, this replica's own events and unknown
+// to one sender goroutine, and from it to one bounded queue and writer per subscribed peer.
+// Received events are decoded, this replica's own events and unknown
 // partitions are dropped, and the rest go through a bounded queue per partition (100,000; full →
 // dropped) to that partition's applier, which applies them to the local core (the Applier: the
 // worker, rank, block-size and reservation checks are its own). Nothing is sequenced,
@@ -26,10 +27,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
 
-	"github.com/kvepp/kvepp/internal/zmqtcp"
 	"github.com/kvepp/kvepp/ledger"
 )
 
@@ -46,11 +45,6 @@ const (
 	DefaultFreedWindow = 10 * time.Second
 	// maxFreedPerPartition bounds those remembered frees per partition.
 	maxFreedPerPartition = 16_384
-	// socketHWM bounds the messages zmq4 itself queues on the PUB socket behind the sender (its
-	// writer goroutine writes them to every subscriber in turn). zmq4 drops beyond it without
-	// telling, so it is as large as the outbound queue: only a sustained overload of more than
-	// twice that many events reaches it.
-	socketHWM = DefaultOutboundCapacity
 )
 
 // Errors of the peer routes; test with errors.Is.
@@ -150,7 +144,7 @@ type outAffinity struct {
 type Manager struct {
 	cfg  Config
 	log  zerolog.Logger
-	pub  zmq4.Socket
+	pub  *publisher
 	addr string
 
 	ctx    context.Context
@@ -198,25 +192,17 @@ func newUnstarted(cfg Config) (*Manager, error) {
 		return nil, errors.New("replica sync: no bind endpoint")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	pub := zmq4.NewPub(ctx, zmq4.WithLogger(quietZMQ))
-	if err := pub.SetOption(zmq4.OptionHWM, socketHWM); err != nil {
-		cancel()
-		_ = pub.Close()
-		return nil, fmt.Errorf("replica sync: PUB socket: %w", err)
-	}
-	if err := pub.Listen(zmqtcp.Endpoint(cfg.Bind)); err != nil {
-		cancel()
-		_ = pub.Close()
-		return nil, fmt.Errorf("replica sync: bind %s: %w", cfg.Bind, err)
-	}
 	m := &Manager{
-		cfg: cfg, log: cfg.Logger, pub: pub, ctx: ctx, cancel: cancel,
+		cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel,
 		slotOut: newFIFO[outSlot](cfg.OutboundCapacity), affOut: newFIFO[outAffinity](cfg.AffinityOutboundCapacity),
 		peers: map[string]*peer{}, inboxes: map[Partition]*inbox{},
 	}
-	if a := pub.Addr(); a != nil {
-		m.addr = a.String()
+	pub, err := listenPub(cfg.Bind, func() { m.drop(DropSubscriberFull, "a replica peer is not keeping up; dropping its newest events") })
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("replica sync: bind %s: %w", cfg.Bind, err)
 	}
+	m.pub, m.addr = pub, pub.addr()
 	for _, ep := range cfg.Peers {
 		m.peers[ep] = &peer{endpoint: ep}
 	}
@@ -224,6 +210,10 @@ func newUnstarted(cfg Config) (*Manager, error) {
 }
 
 // Addr returns the PUB socket's bound address ("host:port").
+//
+// The PUB side is kvepp's own (pub.go, over zmq4's ZMTP connection layer): each subscriber has a
+// bounded queue of its own, so a slow or stopped peer loses its newest events (counted as
+// DropSubscriberFull) or, after a 15 s write timeout, its connection, and never delays the others.
 func (m *Manager) Addr() string { return m.addr }
 
 // RouterID returns this replica's router_id.
@@ -270,7 +260,7 @@ func (m *Manager) Close() error {
 		p.stop()
 	}
 	m.wg.Wait()
-	if err := m.pub.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := m.pub.close(); err != nil && !errors.Is(err, net.ErrClosed) {
 		return err
 	}
 	return nil
@@ -333,13 +323,12 @@ func (m *Manager) sendLoop() {
 
 func (m *Manager) send(topic, payload []byte, err error, at time.Time, sent *atomic.Uint64) {
 	defer m.sending.Add(-1)
-	if err == nil {
-		err = m.pub.SendMulti(zmq4.NewMsgFrom(topic, payload))
-	}
 	if err != nil {
-		m.log.Debug().Err(err).Str("topic", string(topic)).Msg("replica event not sent")
+		m.log.Debug().Err(err).Str("topic", string(topic)).Msg("replica event not encoded")
+		m.drop(DropMalformed, "")
 		return
 	}
+	m.pub.publish(topic, payload)
 	sent.Add(1)
 	m.c.outboundLag.observe(m.cfg.Now().Sub(at))
 }
@@ -422,7 +411,7 @@ func (m *Manager) Stats() Stats {
 		SentSlot: m.c.sentSlot.Load(), SentAffinity: m.c.sentAffinity.Load(),
 		ReceivedSlot: m.c.receivedSlot.Load(), ReceivedAffinity: m.c.receivedAffinity.Load(),
 		AppliedSlot: m.c.appliedSlot.Load(), AppliedAffinity: m.c.appliedAffinity.Load(),
-		PeersConnected: int(m.connected.Load()),
+		PeersConnected: int(m.connected.Load()), Subscribers: m.pub.subscribers(),
 		OutboundQueued: m.slotOut.len() + m.affOut.len() + int(m.sending.Load()),
 		OutboundLag:    m.c.outboundLag.snapshot(), InboundLag: m.c.inboundLag.snapshot(),
 	}

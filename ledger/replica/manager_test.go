@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"runtime"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/security/null"
 	"github.com/rs/zerolog"
 
 	"github.com/kvepp/kvepp/internal/zmqtcp"
@@ -424,4 +426,61 @@ func TestFloodKeepsMemoryBounded(t *testing.T) {
 	if grown := int64(heap()) - int64(base); grown > 32<<20 {
 		t.Fatalf("heap grew by %d MiB after the flood drained", grown>>20)
 	}
+}
+
+// TestAStuckSubscriberDoesNotStopTheOthers connects a subscriber that never reads: once its
+// socket buffers and queue are full it misses events (counted), while a live peer gets every one.
+func TestAStuckSubscriberDoesNotStopTheOthers(t *testing.T) {
+	old := subscriberQueueLimit
+	subscriberQueueLimit = 1000
+	defer func() { subscriberQueueLimit = old }()
+	a := newManager(t, 1)
+	fb := &fakeApplier{}
+	b := newManager(t, 2, func(c *Config) { c.Peers = []string{endpoint(a)} })
+	if err := b.Start(fb); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := net.Dial("tcp", a.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	_ = raw.(*net.TCPConn).SetReadBuffer(4096) // fill up sooner
+	stuck, err := zmq4.Open(raw, null.Security(), zmq4.Sub, zmq4.SocketIdentity(""), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stuck.SendMsg(zmq4.NewMsg(append([]byte{1}, TopicSlotTracker...))); err != nil {
+		t.Fatal(err)
+	}
+	link(t, a, fb)
+	eventually(t, "two subscribers", func() bool { return a.Stats().Subscribers == 2 })
+	// 1,000 admissions of 200 hashes (~1.8 KB) at a time, each batch waiting for the live peer:
+	// the stuck one's socket buffers and its queue of 1,000 fill up and it misses events.
+	before := b.Stats().AppliedSlot
+	const n, batch = 5000, 1000
+	big := admission("")
+	big.SequenceHashes = make([]uint64, 200)
+	for i := range big.SequenceHashes {
+		big.SequenceHashes[i] = uint64(i) << 40
+	}
+	for i := 0; i < n; i += batch {
+		for j := i; j < i+batch; j++ {
+			ev := big
+			ev.ID = fmt.Sprint("s", j)
+			a.PublishSlot(part, 16, ev)
+		}
+		eventually(t, "the batch at the live peer", func() bool { return b.Stats().AppliedSlot-before >= uint64(i+batch) })
+	}
+	end := time.Now().Add(deadline)
+	for b.Stats().AppliedSlot-before < n && time.Now().Before(end) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := b.Stats().AppliedSlot - before; got < n {
+		t.Fatalf("live peer applied %d of %d; a %+v; b %+v", got, n, a.Stats().Dropped, b.Stats().Dropped)
+	}
+	if a.Stats().Dropped[DropSubscriberFull] == 0 {
+		t.Fatal("no drop counted for the subscriber that never reads")
+	}
+	t.Logf("stuck subscriber missed %d events; the live peer got all %d", a.Stats().Dropped[DropSubscriberFull], n)
 }

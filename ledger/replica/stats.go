@@ -43,6 +43,8 @@ const (
 	DropInboundFull
 	// DropOutboundFull: the outbound queue was full; the newest event is dropped.
 	DropOutboundFull
+	// DropSubscriberFull: one subscribed peer's socket queue was full; that peer misses the event.
+	DropSubscriberFull
 	// DropClosed: published after Close.
 	DropClosed
 	// NumDropReasons is the number of reasons.
@@ -52,7 +54,7 @@ const (
 var dropNames = [NumDropReasons]string{
 	"malformed", "unknown_topic", "legacy_envelope", "own", "unknown_partition", "block_size_mismatch",
 	"unknown_worker", "unknown_rank", "unknown_reservation", "conflict", "freed_before_admission", "invalid",
-	"affinity_not_applied", "inbound_queue_full", "outbound_queue_full", "closed",
+	"affinity_not_applied", "inbound_queue_full", "outbound_queue_full", "subscriber_queue_full", "closed",
 }
 
 // String returns the reason's metric label.
@@ -119,6 +121,8 @@ type Stats struct {
 	Dropped [NumDropReasons]uint64
 	// PeersConfigured is the number of peers; PeersConnected those whose SUB is connected now.
 	PeersConfigured, PeersConnected int
+	// Subscribers is the number of peers' SUB sockets connected to this replica's PUB socket.
+	Subscribers int
 	// OutboundQueued and InboundQueued are the events waiting now (inbound: all partitions).
 	OutboundQueued, InboundQueued int
 	// OutboundLag is publish → written to the socket; InboundLag is received → applied.
