@@ -109,15 +109,7 @@ func DefaultConfig() Config {
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Port, "port", c.Port, "HTTP port of the selection API")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "indexer worker threads (>= 1)")
-	fs.Func("indexer-peers", "comma list of HTTP base URLs whose GET /dump seeds the index at startup", func(s string) error {
-		c.IndexerPeers = nil
-		for _, p := range strings.Split(s, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				c.IndexerPeers = append(c.IndexerPeers, p)
-			}
-		}
-		return nil
-	})
+	fs.Func("indexer-peers", "comma list of HTTP base URLs whose GET /dump seeds the index at startup", commaList(&c.IndexerPeers))
 	fs.Func("selection-cache-ttl-secs", "pending-selection TTL in seconds (> 0, default 120)", func(s string) error {
 		v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 		if err != nil || !(v > 0) || math.IsInf(v, 0) || v*float64(time.Second) > math.MaxInt64 {
@@ -182,18 +174,24 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		c.ReplicaSyncPort, c.replicaPortGiven = v, true
 		return nil
 	})
-	fs.Func("replica-sync-peers", "comma list of peer replica-sync endpoints (tcp://host:port); needs --replica-sync-port", func(s string) error {
-		c.ReplicaSyncPeers = nil
-		for _, p := range strings.Split(s, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				c.ReplicaSyncPeers = append(c.ReplicaSyncPeers, p)
-			}
-		}
-		return nil
-	})
+	fs.Func("replica-sync-peers", "comma list of peer replica-sync endpoints (tcp://host:port); needs --replica-sync-port", commaList(&c.ReplicaSyncPeers))
 	fs.StringVar(&c.TrackingHash, "router-tracking-hash", c.TrackingHash, "tracking hash (only public-xxh3-v1)")
 	fs.StringVar(&c.TrackingKeyFile, "router-tracking-key-file", c.TrackingKeyFile, "keyed tracking hash key file (not supported)")
 	fs.StringVar(&c.TrackingKeyID, "router-tracking-key-id", c.TrackingKeyID, "keyed tracking hash key id (not supported)")
+}
+
+// commaList returns a flag setter that replaces *dst with the non-empty, trimmed entries of a
+// comma list.
+func commaList(dst *[]string) func(string) error {
+	return func(s string) error {
+		*dst = nil
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				*dst = append(*dst, p)
+			}
+		}
+		return nil
+	}
 }
 
 // ParseFlags parses args (without the program and subcommand names) into a validated Config.
