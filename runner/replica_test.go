@@ -408,3 +408,47 @@ func TestReplicaPeerRoutes(t *testing.T) {
 		t.Fatalf("register after close = %d %q", st, e.Error)
 	}
 }
+
+// TestReplicatedSessionBindingSteersThePeer: with session affinity on, a session bound by a
+// booking on one replica steers the same session on the other (selection-service.md §12.1,
+// acceptance 54), although the peer's load view alone would pick the other worker.
+func TestReplicatedSessionBindingSteersThePeer(t *testing.T) {
+	cfg := replicaConfig(t)
+	cfg.SessionAffinityTTL = OptFloat{Set: true, Value: 60}
+	a, b := startInstance(t, cfg), startInstance(t, cfg)
+	for _, inst := range []*Instance{a, b} {
+		registerWorkers(t, inst)
+	}
+	registerPeer(t, a, b)
+	registerPeer(t, b, a)
+	linkAll(t, a, b)
+	linkAll(t, b, a)
+	var sel struct {
+		WorkerID uint64 `json:"worker_id"`
+	}
+	body := map[string]any{"model_name": replicaModel, "selection_id": "s1", "token_ids": []uint32{1, 2, 3, 4, 5, 6, 7, 8}, "session_id": "conv-1"}
+	if st := httpJSON(t, http.MethodPost, "http://"+a.Addrs().Selection+"/select_and_reserve", body, &sel); st != http.StatusOK {
+		t.Fatalf("select_and_reserve on a: %d", st)
+	}
+	bound := sel.WorkerID
+	key := picker.PartitionKey{ModelName: replicaModel, RoutingGroup: "default"}
+	end := time.Now().Add(5 * time.Second)
+	for {
+		if target, _, _, ok := b.Service.SessionBinding(key, "conv-1"); ok && target.WorkerID == bound {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the binding never reached b")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// A different prompt for the same session on b: b's loads alone favour the idle worker.
+	q := map[string]any{"model_name": replicaModel, "token_ids": []uint32{50, 51, 52, 53}, "session_id": "conv-1"}
+	if st := httpJSON(t, http.MethodPost, "http://"+b.Addrs().Selection+"/select", q, &sel); st != http.StatusOK || sel.WorkerID != bound {
+		t.Fatalf("select on b for the session: %d worker %d, want worker %d", st, sel.WorkerID, bound)
+	}
+	q["session_id"] = "another"
+	if st := httpJSON(t, http.MethodPost, "http://"+b.Addrs().Selection+"/select", q, &sel); st != http.StatusOK || sel.WorkerID == bound {
+		t.Fatalf("select on b for another session: %d worker %d; want the idle worker (the peer's booking is counted)", st, sel.WorkerID)
+	}
+}

@@ -6,10 +6,10 @@
 // dynamo.slot-tracker.v1 and dynamo.session-affinity.v1. Published events go through bounded
 // outbound queues (100,000 slot events, 4,096 bindings; full → the newest is dropped and counted)
 // to one sender goroutine, and from it to one bounded queue and writer per subscribed peer.
-// Received events are decoded, this replica's own events and unknown
-// partitions are dropped, and the rest go through a bounded queue per partition (100,000; full →
-// dropped) to that partition's applier, which applies them to the local core (the Applier: the
-// worker, rank, block-size and reservation checks are its own). Nothing is sequenced,
+// Received events are decoded, this replica's own events and unknown partitions are dropped, and
+// the rest go through a bounded queue per partition (100,000; full → dropped) to that partition's
+// applier, which applies them to the local core (the Applier: the worker, rank, block-size and
+// reservation checks are its own). Nothing is sequenced,
 // acknowledged, replayed or resynchronized: loss, delay and reordering are accepted, and every
 // drop is counted by reason. Output blocks, expiry, the KV index and the worker catalog are not
 // synchronized (§15.4).
