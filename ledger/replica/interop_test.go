@@ -4,58 +4,24 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvepp/kvepp/internal/pythontest"
 	"github.com/kvepp/kvepp/ledger"
 )
-
-// debianPython is Debian's interpreter, which has python3-zmq and python3-msgpack.
-const debianPython = "/usr/bin/python3"
 
 // TestInteropWithALibzmqPeer exchanges slot-tracker events with a peer built on libzmq and
 // msgpack-python (testdata/libzmq_peer.py): its SUB subscribes to kvepp's PUB socket and decodes
 // kvepp's payloads, and kvepp's SUB receives and decodes its admissions.
 func TestInteropWithALibzmqPeer(t *testing.T) {
-	if out, err := exec.Command(debianPython, "-c", "import zmq, msgpack").CombinedOutput(); err != nil {
-		msg := fmt.Sprintf("%s with zmq and msgpack is unavailable (%v: %s); install python3-zmq python3-msgpack", debianPython, err, strings.TrimSpace(string(out)))
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	pythontest.RequireZMQ(t)
 	a := newManager(t, 1)
 	fa := &fakeApplier{}
 	if err := a.Start(fa); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(debianPython, "testdata/libzmq_peer.py", endpoint(a))
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = stdin.Close()
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
+	_, stdout := pythontest.Start(t, "testdata/libzmq_peer.py", endpoint(a))
 	lines := make(chan string, 64)
 	go func() {
 		sc := bufio.NewScanner(stdout)
