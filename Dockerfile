@@ -13,6 +13,7 @@ RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="-s -w" -o /out/epp ./c
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/epp /usr/local/bin/epp
 USER 65532:65532
-# 9002 ext_proc gRPC, 9003 gRPC health, 8092 selection HTTP API, 9090 Prometheus metrics
-EXPOSE 9002 9003 8092 9090
+# 9002 ext_proc gRPC, 9003 gRPC health, 8092 selection HTTP API, 9090 Prometheus metrics,
+# 9092 replica sync (ZeroMQ PUB)
+EXPOSE 9002 9003 8092 9090 9092
 ENTRYPOINT ["/usr/local/bin/epp"]

@@ -57,6 +57,10 @@ type Booking struct {
 	// every release (Free, FreeAttempt, FreeWorker, ExpireAdmittedBefore); the picker keeps the
 	// booking's session-affinity lease there so every release path can give it back.
 	Tag any
+	// Origin is the router_id of the replica whose admission this booking mirrors
+	// (selection-service.md §15.4); 0 for a booking this process made. Book keeps it as given;
+	// Mirror requires it non-zero.
+	Origin uint64
 
 	// Attempt is a process-unique, increasing number the ledger assigns to each successful Book.
 	// FreeAttempt uses it to act only on the exact booking a caller resolved (§10.6).
@@ -259,7 +263,14 @@ func (l *Ledger) Book(b Booking) error {
 	if ok && cur != claimedSlot {
 		return conflict(b.ID)
 	}
-	if ok {
+	l.bookLocked(b, ok)
+	return nil
+}
+
+// bookLocked installs b; claimed reports that b.ID is currently claimed (the claim becomes the
+// booking). Caller holds l.mu for writing and has checked that b.ID is not live.
+func (l *Ledger) bookLocked(b Booking, claimed bool) {
+	if claimed {
 		l.claims--
 	}
 	idx := l.allocSlot()
@@ -294,7 +305,6 @@ func (l *Ledger) Book(b Booking) error {
 	}
 	l.ids[b.ID] = idx
 	l.live++
-	return nil
 }
 
 // PrefillComplete removes the booking's prefill tokens from its candidate; its blocks remain as

@@ -188,10 +188,30 @@ func (r *rendered) count() int {
 // epp returns the base's EPP Deployment, Service and pool.
 func epp(t *testing.T, r *rendered) (*appsv1.Deployment, *corev1.Service, *inferencev1.InferencePool) {
 	t.Helper()
-	if len(r.deployments) != 1 || len(r.services) != 1 || len(r.pools) != 1 {
-		t.Fatalf("%s: %d deployments, %d services, %d pools; want one each", r.dir, len(r.deployments), len(r.services), len(r.pools))
+	if len(r.deployments) != 1 || len(r.pools) != 1 {
+		t.Fatalf("%s: %d deployments, %d pools; want one each", r.dir, len(r.deployments), len(r.pools))
 	}
-	return &r.deployments[0], &r.services[0], &r.pools[0]
+	svc := service(t, r, eppServiceName)
+	return &r.deployments[0], svc, &r.pools[0]
+}
+
+// eppServiceName and peerServiceName are the base's EPP Service (what the InferencePool's
+// endpointPickerRef names) and its headless peer Service (DYN_EPP_PEER_SERVICE).
+const (
+	eppServiceName  = "kvepp"
+	peerServiceName = "kvepp-peers"
+)
+
+// service returns the rendered Service called name.
+func service(t *testing.T, r *rendered, name string) *corev1.Service {
+	t.Helper()
+	for i := range r.services {
+		if r.services[i].Name == name {
+			return &r.services[i]
+		}
+	}
+	t.Fatalf("%s: no Service %q", r.dir, name)
+	return nil
 }
 
 func container(t *testing.T, d *appsv1.Deployment, name string) *corev1.Container {
@@ -243,20 +263,19 @@ func TestBaseDeployment(t *testing.T) {
 			}
 		}
 	})
-	t.Run("ports: ext_proc 9002 (http2), health 9003, metrics 9090, selection 8092", func(t *testing.T) {
-		want := map[string]int32{"grpc-ext-proc": 9002, "grpc-health": 9003, "http-metrics": 9090, "selection-http": 8092}
+	t.Run("ports: ext_proc 9002 (http2), health 9003, metrics 9090, selection 8092, replica sync 9092", func(t *testing.T) {
 		got := map[string]int32{}
 		for _, p := range c.Ports {
 			got[p.Name] = p.ContainerPort
 		}
-		if !cmp.Equal(got, want) {
+		if want := map[string]int32{"grpc-ext-proc": 9002, "grpc-health": 9003, "http-metrics": 9090, "selection-http": 8092, "replica-agg": 9092}; !cmp.Equal(got, want) {
 			t.Errorf("container ports %v, want %v", got, want)
 		}
 		sp := map[string]corev1.ServicePort{}
 		for _, p := range svc.Spec.Ports {
 			sp[p.Name] = p
 		}
-		for name, port := range want {
+		for name, port := range map[string]int32{"grpc-ext-proc": 9002, "grpc-health": 9003, "http-metrics": 9090, "selection-http": 8092} {
 			if p, ok := sp[name]; !ok || p.Port != port || p.TargetPort.StrVal != name {
 				t.Errorf("service port %s = %+v", name, p)
 			}
@@ -266,6 +285,29 @@ func TestBaseDeployment(t *testing.T) {
 		}
 		if !cmp.Equal(svc.Spec.Selector, d.Spec.Template.Labels) {
 			t.Errorf("service selector %v does not select the pod labels %v", svc.Spec.Selector, d.Spec.Template.Labels)
+		}
+	})
+	t.Run("several replicas find each other through the headless peer Service's named ports", func(t *testing.T) {
+		if d.Spec.Replicas == nil || *d.Spec.Replicas < 2 {
+			t.Errorf("replicas %v, want at least 2", d.Spec.Replicas)
+		}
+		peers := service(t, r, peerServiceName)
+		if peers.Spec.ClusterIP != corev1.ClusterIPNone || !cmp.Equal(peers.Spec.Selector, d.Spec.Template.Labels) {
+			t.Errorf("peer Service clusterIP %q selector %v: want headless, selecting the EPP pods %v", peers.Spec.ClusterIP, peers.Spec.Selector, d.Spec.Template.Labels)
+		}
+		ports := map[string]int32{}
+		for _, p := range peers.Spec.Ports {
+			ports[p.Name] = p.Port
+		}
+		if want := map[string]int32{discovery.PeerPortReplica: 9092, discovery.PeerPortSelection: 8092}; !cmp.Equal(ports, want) {
+			t.Errorf("peer Service ports %v, want %v (the names peer discovery reads)", ports, want)
+		}
+		e := env(c)
+		if e["DYN_EPP_PEER_SERVICE"].Value != peers.Name || e["DYN_EPP_REPLICA_SYNC_PORT"].Value != "9092" {
+			t.Errorf("DYN_EPP_PEER_SERVICE %q, DYN_EPP_REPLICA_SYNC_PORT %q", e["DYN_EPP_PEER_SERVICE"].Value, e["DYN_EPP_REPLICA_SYNC_PORT"].Value)
+		}
+		if ip := e["POD_IP"]; ip.ValueFrom == nil || ip.ValueFrom.FieldRef == nil || ip.ValueFrom.FieldRef.FieldPath != "status.podIP" {
+			t.Errorf("POD_IP %+v, want the downward API's status.podIP (a replica is never its own peer)", ip)
 		}
 	})
 	t.Run("every container runs non-root with a read-only root filesystem and no capabilities", func(t *testing.T) {

@@ -147,6 +147,7 @@ func (s *Service) freeBooking(id string) bool {
 	if err != nil {
 		return false
 	}
+	s.publishLifecycle(ledger.SlotFree, &b) // its admission was published when it landed
 	s.releaseLeases([]ledger.Booking{b}, true)
 	return true
 }

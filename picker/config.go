@@ -312,6 +312,10 @@ type Config struct {
 	// AffinityPublisher, when non-nil, receives every local binding commit and lease release
 	// (§12.1 replication; the replica-sync transport plugs in here). Expiry publishes nothing.
 	AffinityPublisher AffinityPublisher
+	// SlotPublisher, when non-nil, receives every admission, prefill completion and free made
+	// through this Service (§15.2, §15.4 replication; the replica-sync transport plugs in here).
+	// Output blocks, expiry and worker removal publish nothing.
+	SlotPublisher SlotPublisher
 }
 
 // AffinityPublisher receives the session bindings a replica must share (selection-service.md

@@ -19,9 +19,10 @@ func (s *Service) PrefillComplete(ctx context.Context, selectionID string) error
 	if err := s.ledger.PrefillComplete(selectionID); err != nil {
 		return ledgerError(err)
 	}
-	if s.queued.Load() > 0 {
+	if s.queued.Load() > 0 || s.cfg.SlotPublisher != nil {
 		if b, ok := s.ledger.Lookup(selectionID); ok {
-			s.kickName(b.Partition) // freed prefill capacity admits queued requests (§13.3)
+			s.publishLifecycle(ledger.SlotPrefillComplete, &b) // repeats re-publish (§10.2)
+			s.kickName(b.Partition)                            // freed prefill capacity admits queued requests (§13.3)
 		}
 	}
 	return nil
@@ -52,6 +53,7 @@ func (s *Service) Free(ctx context.Context, selectionID string) error {
 	if err != nil {
 		return ledgerError(err)
 	}
+	s.publishLifecycle(ledger.SlotFree, &b)
 	s.releaseLeases([]ledger.Booking{b}, true)
 	s.kickName(b.Partition) // freed capacity admits queued requests (§13.3)
 	return nil

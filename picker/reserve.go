@@ -149,6 +149,7 @@ func (s *Service) replay(ctx context.Context, key PartitionKey, pk ledger.Pendin
 		return Reservation{}, ledgerError(err)
 	}
 	booked = true
+	s.publishAdmission(key, v.blockSize, &b, ps.TrackPrefillTokens, ps.LoraName)
 	if !s.cfg.Router.UseKVEvents && ps.BlockHashes != nil {
 		s.recordApproximate(v, toIndex(c), ps.BlockHashes)
 	}
@@ -230,7 +231,7 @@ func (s *Service) reserveExplicit(ctx context.Context, key PartitionKey, pk ledg
 		return Reservation{}, ledgerError(err)
 	}
 	c := ledger.Candidate{WorkerID: wid, DPRank: rank}
-	err = s.ledger.Book(ledger.Booking{
+	b := ledger.Booking{
 		ID:                   pk.SelectionID,
 		Candidate:            c,
 		SequenceHashes:       np.seq,
@@ -238,11 +239,12 @@ func (s *Service) reserveExplicit(ctx context.Context, key PartitionKey, pk ledg
 		ExpectedOutputTokens: clonePtr(req.ExpectedOutputTokens),
 		Admitted:             s.now(),
 		Partition:            key.String(),
-	})
-	if err != nil {
+	}
+	if err := s.ledger.Book(b); err != nil {
 		s.ledger.Unclaim(pk.SelectionID)
 		return Reservation{}, ledgerError(err)
 	}
+	s.publishAdmission(key, v.blockSize, &b, track, req.Prompt.LoraName)
 	if !s.cfg.Router.UseKVEvents && np.recordable {
 		s.recordApproximate(v, toIndex(c), np.local)
 	}

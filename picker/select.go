@@ -381,6 +381,7 @@ func (s *Service) reserveLocked(ctx context.Context, p *partition, req *SelectRe
 	if err := s.ledger.Book(b); err != nil {
 		return Selection{}, false, ledgerError(err)
 	}
+	s.publishAdmission(pr.key, ch.view.blockSize, &b, pr.eff.track, req.Prompt.LoraName)
 	if queued && !s.stillSchedulable(c.WorkerID, pr.key) {
 		// The worker was drained while this request waited (§7.3 step 5).
 		s.freeBooking(req.SelectionID)

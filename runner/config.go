@@ -60,9 +60,10 @@ type Config struct {
 
 	// --- Kubernetes InferencePool discovery (epp.md §2, §10) ---
 
-	// PodNamespace is POD_NAMESPACE: the namespace of the pool and its pods (the EPP's own
-	// namespace, from the downward API); required with an InferencePool.
-	PodNamespace string `env:"POD_NAMESPACE" flag:"pool-namespace" help:"namespace of the InferencePool and its pods"`
+	// PodNamespace is POD_NAMESPACE: the EPP's own namespace (downward API), where the
+	// InferencePool, its pods and the peer Service live; required with an InferencePool or a peer
+	// service.
+	PodNamespace string `env:"POD_NAMESPACE" flag:"pod-namespace" help:"namespace of the InferencePool, its pods and the peer Service"`
 	// KVEventPort is DYN_EPP_KV_EVENT_PORT: rank r of a discovered pod publishes KV events on
 	// port + r (vLLM --kv-events-config endpoint); pod annotation kvepp.io/kv-event-port overrides it.
 	KVEventPort int `env:"DYN_EPP_KV_EVENT_PORT" envDefault:"5557" flag:"kv-event-port" help:"KV event port of rank 0 of discovered pods (rank r: port + r)"`
@@ -90,6 +91,20 @@ type Config struct {
 	IndexerPeers []string `env:"DYN_EPP_INDEXER_PEERS" flag:"indexer-peers" help:"comma list of peer selection base URLs for /dump recovery"`
 	// RecoveryTimeout bounds startup recovery (DYN_EPP_RECOVERY_TIMEOUT_SECS, seconds).
 	RecoveryTimeout Seconds `env:"DYN_EPP_RECOVERY_TIMEOUT_SECS" envDefault:"30" flag:"recovery-timeout-secs" help:"bound on startup /dump recovery, seconds"`
+
+	// --- replica sync and peer EPPs (epp.md §10.4, §11.2; selection-service.md §15) ---
+
+	// ReplicaSyncPort is DYN_EPP_REPLICA_SYNC_PORT: the replica-sync PUB port (default 9092; 0 =
+	// an ephemeral port). Setting it turns replica sync on.
+	ReplicaSyncPort OptPort `env:"DYN_EPP_REPLICA_SYNC_PORT" flag:"replica-sync-port" help:"replica-sync ZeroMQ PUB port (default 9092; setting it enables replica sync)"`
+	// ReplicaSyncPeers is DYN_EPP_REPLICA_SYNC_PEERS: static peer PUB endpoints (tcp://host:port,
+	// ipc://…, inproc://…); turns replica sync on.
+	ReplicaSyncPeers []string `env:"DYN_EPP_REPLICA_SYNC_PEERS" flag:"replica-sync-peers" help:"comma list of peer replica-sync endpoints (tcp://host:port); enables replica sync"`
+	// PeerService is DYN_EPP_PEER_SERVICE: the Service whose EndpointSlices list the peer EPPs;
+	// turns replica sync on and makes their selection ports the recovery peers.
+	PeerService string `env:"DYN_EPP_PEER_SERVICE" flag:"peer-service" help:"Service whose EndpointSlices list peer EPPs (enables replica sync)"`
+	// PodIP is POD_IP: this replica's address, excluded from the peers; required with a peer service.
+	PodIP string `env:"POD_IP" help:"this pod's IP, excluded from the peer EPPs"`
 
 	// --- tokenization (epp.md §5.4) ---
 
@@ -740,6 +755,9 @@ func (c *Config) Validate() error {
 		if o.v.Set && (o.v.Value < 1 || o.v.Value != math.Trunc(o.v.Value) || o.v.Value > 1<<53) {
 			return c.invalid(o.key, o.v.Value, "must be a whole number > 0")
 		}
+	}
+	if err := c.validateReplicaSync(); err != nil {
+		return err
 	}
 	return c.validateRouter()
 }

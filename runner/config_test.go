@@ -234,7 +234,7 @@ func TestLoadConfigRejectsInvalidSettingsNamingThem(t *testing.T) {
 		{"an InferencePool and a workers file", []string{tok, "POD_NAMESPACE=ns", "DYN_MODEL_NAME=m", "DYN_EPP_INFERENCE_POOL_NAME=pool", "DYN_EPP_WORKERS_FILE=w.yaml"}, nil, `invalid DYN_EPP_INFERENCE_POOL_NAME "pool": set at most one of DYN_EPP_INFERENCE_POOL_NAME and DYN_EPP_WORKERS_FILE`},
 		{"a KV event port of zero", []string{tok, "DYN_EPP_KV_EVENT_PORT=0"}, nil, `invalid DYN_EPP_KV_EVENT_PORT "0": must be a port in 1..65535`},
 		{"a KV event replay port out of range", []string{tok, "DYN_EPP_KV_EVENT_REPLAY_PORT=65536"}, nil, `invalid DYN_EPP_KV_EVENT_REPLAY_PORT "65536"`},
-		{"a pool namespace flag without a pool model", []string{tok, "DYN_EPP_INFERENCE_POOL_NAME=pool"}, []string{"--pool-namespace", "ns"}, `DYN_MODEL_NAME is required`},
+		{"a pool namespace flag without a pool model", []string{tok, "DYN_EPP_INFERENCE_POOL_NAME=pool"}, []string{"--pod-namespace", "ns"}, `DYN_MODEL_NAME is required`},
 		{"a container discovery mode", []string{tok, "DYN_KUBE_DISCOVERY_MODE=container"}, nil, `invalid DYN_KUBE_DISCOVERY_MODE "container"`},
 		{"lru with KV events", []string{tok, "DYN_ROUTER_APPROXIMATE_CACHE_POLICY=lru"}, nil, `invalid DYN_ROUTER_APPROXIMATE_CACHE_POLICY "lru": lru is not allowed with DYN_ROUTER_USE_KV_EVENTS=true`},
 		{"a session affinity TTL out of range", []string{tok, "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS=0"}, nil, `invalid DYN_ROUTER_SESSION_AFFINITY_TTL_SECS "0": must be a whole number of seconds in 1..31536000`},

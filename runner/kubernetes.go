@@ -111,8 +111,8 @@ func (i *Instance) awaitPoolReady(runCtx context.Context, cfg Config, log zerolo
 			log.Warn().Str("reason", i.pool.Stats().Problem).Msg("not ready yet: waiting for the InferencePool")
 		}
 	}
-	if len(cfg.IndexerPeers) > 0 {
-		recovered := recoverIndex(runCtx, i.Service, cfg.IndexerPeers, cfg.RecoveryTimeout.Duration(), log)
+	if len(i.recoveryPeers) > 0 {
+		recovered := recoverIndex(runCtx, i.Service, i.recoveryPeers, cfg.RecoveryTimeout.Duration(), log)
 		if i.events != nil {
 			i.events.ReleaseEvents(recovered)
 		}

@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -148,6 +149,8 @@ type Addrs struct {
 	Selection string
 	// Metrics is the Prometheus port.
 	Metrics string
+	// ReplicaSync is the replica-sync PUB socket ("" when replica sync is off).
+	ReplicaSync string
 }
 
 // Instance is a running EPP. Stop it with Stop (graceful) exactly once; Failed reports a server
@@ -168,6 +171,7 @@ type Instance struct {
 
 	events     *kvevents.Manager
 	discovery  *discovery.FileSource
+	replica    *replicaSync
 	grpcServer *grpc.Server
 	healthSrv  *grpc.Server
 	httpSrv    *http.Server
@@ -175,6 +179,9 @@ type Instance struct {
 	runCancel  context.CancelFunc
 	runDone    chan struct{}
 
+	// recoveryPeers are the selection base URLs startup recovery tries (DYN_EPP_INDEXER_PEERS and
+	// the peer EPPs discovered from DYN_EPP_PEER_SERVICE).
+	recoveryPeers []string
 	// kube, pool and kubeDone are InferencePool discovery (nil without DYN_EPP_INFERENCE_POOL_NAME);
 	// poolServing turns true when startup finished, after which readiness follows the pool.
 	kube        *discovery.Kube
@@ -332,6 +339,12 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		pcfg.EventSource = kvEventSource{m: inst.events}
 		cleanups = append(cleanups, func() { _ = inst.events.Close() })
 	}
+	// Replica sync: the PUB socket is bound before the core is built (epp.md §11.1 step 2).
+	if inst.replica, err = bindReplicaSync(cfg, &pcfg, log); err != nil {
+		return nil, err
+	}
+	inst.addrs.ReplicaSync = inst.replica.addr()
+	cleanups = append(cleanups, func() { _ = inst.replica.close() })
 	pcfg.Logger = log.With().Str("component", "picker").Logger()
 	inst.Service, err = picker.New(pcfg)
 	if err != nil {
@@ -357,6 +370,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		// During the SIGTERM drain the side port answers as shut down (selection-service.md
 		// §2) while ext_proc keeps routing through the core (epp.md §9).
 		Draining: inst.Health.Draining,
+		Replica:  inst.replica.peers(),
 	}), cfg)
 	inst.httpSrv = &http.Server{
 		Handler:           tokAPI,
@@ -368,8 +382,15 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	go inst.serveHTTP(inst.httpSrv, selLn, "selection")
 	cleanups = append(cleanups, func() { _ = inst.httpSrv.Close() })
 
+	// Peer EPPs discovered from the peer Service's EndpointSlices join the recovery peers.
+	discovered, err := inst.replica.discoverPeers(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	recoveryPeers := append(slices.Clone(cfg.IndexerPeers), discovered...)
+
 	// KV listeners buffer their events while the index is recovered from a peer (§11.1 step 3).
-	if len(cfg.IndexerPeers) > 0 && inst.events != nil {
+	if len(recoveryPeers) > 0 && inst.events != nil {
 		inst.events.HoldEvents()
 	}
 
@@ -400,11 +421,19 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 
 	// 4-5. Recovery from a peer's /dump, then the buffered KV events are released (for an
 	// InferencePool, after its pods are registered: awaitPoolReady).
-	if len(cfg.IndexerPeers) > 0 && inst.pool == nil {
-		recovered := recoverIndex(ctx, inst.Service, cfg.IndexerPeers, cfg.RecoveryTimeout.Duration(), log)
+	inst.recoveryPeers = recoveryPeers
+	if len(recoveryPeers) > 0 && inst.pool == nil {
+		recovered := recoverIndex(ctx, inst.Service, recoveryPeers, cfg.RecoveryTimeout.Duration(), log)
 		if inst.events != nil {
 			inst.events.ReleaseEvents(recovered)
 		}
+	}
+	// 5. The replica SUBs start once the index is recovered (epp.md §11.1 step 5).
+	if err := inst.replica.start(inst.Service); err != nil {
+		return nil, err
+	}
+	if inst.replica != nil {
+		inst.Metrics.MustRegister(replicaCollector{m: inst.replica.m})
 	}
 
 	inst.Metrics.MustRegister(&statsCollector{svc: inst.Service, events: inst.events, disc: inst.discovery})
@@ -476,6 +505,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	log.Info().
 		Str("ext_proc", inst.addrs.GRPC).Bool("tls", bool(cfg.SecureServing)).
 		Str("health", inst.addrs.Health).Str("selection", inst.addrs.Selection).Str("metrics", inst.addrs.Metrics).
+		Str("replica_sync", inst.addrs.ReplicaSync).
 		Str("workers_file", cfg.WorkersFile).Str("tokenizer_protocol", cfg.EffectiveTokenizerProtocol()).
 		Bool("use_kv_events", bool(cfg.UseKVEvents)).
 		Msg("kvepp ready")
@@ -544,6 +574,9 @@ func (i *Instance) stop(ctx context.Context) error {
 		if err := i.events.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close KV event listeners: %w", err))
 		}
+	}
+	if err := i.replica.close(); err != nil {
+		errs = append(errs, fmt.Errorf("close replica sync: %w", err))
 	}
 	i.runCancel()
 	<-i.runDone

@@ -82,6 +82,25 @@ func runSelectService(ctx context.Context, registry *catalog.Registry, environ, 
 		pcfg.EventSource = kvEventSource{m: events}
 		opts.Events = events
 	}
+	if scfg.ReplicaSyncPort != 0 {
+		// The PUB socket is bound before the core is built (§16 step 2).
+		rcfg := cfg
+		rcfg.ReplicaSyncPort, rcfg.ReplicaSyncPeers = OptPort{Set: true, Value: scfg.ReplicaSyncPort}, scfg.ReplicaSyncPeers
+		rs, err := bindReplicaSync(rcfg, &pcfg, log)
+		if err != nil {
+			return fmt.Errorf("invalid KV router configuration: --replica-sync-port: %w", err)
+		}
+		opts.Replica, opts.ReplicaSync = rs.peers(), selectReplica{rs}
+	}
 	opts.Picker = pcfg
 	return selectservice.Run(ctx, scfg, opts)
 }
+
+// selectReplica adapts the runner's replica mesh to selectservice.ReplicaSync.
+type selectReplica struct{ r *replicaSync }
+
+// Start implements selectservice.ReplicaSync.
+func (s selectReplica) Start(svc *picker.Service) error { return s.r.start(svc) }
+
+// Close implements selectservice.ReplicaSync.
+func (s selectReplica) Close() error { return s.r.close() }

@@ -3,37 +3,15 @@ package kvevents_test
 import (
 	"bufio"
 	"fmt"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/kvepp/kvepp/internal/pythontest"
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/kvindex/kvevents"
 	kt "github.com/kvepp/kvepp/kvindex/kvevents/kveventstest"
 )
-
-// debianPython is Debian's interpreter, which has python3-zmq and python3-msgpack; the python3 on
-// PATH may be another installation without them.
-const debianPython = "/usr/bin/python3"
-
-// requirePythonZMQ skips the test when the interpreter or its modules are missing, unless CI=true,
-// where their absence is a failure.
-func requirePythonZMQ(t *testing.T) {
-	t.Helper()
-	out, err := exec.Command(debianPython, "-c", "import zmq, msgpack").CombinedOutput()
-	if err == nil {
-		return
-	}
-	msg := fmt.Sprintf("%s with zmq and msgpack is unavailable (%v: %s); install python3-zmq python3-msgpack", debianPython, err, strings.TrimSpace(string(out)))
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-}
 
 // interopScript mirrors script() in testdata/vllm_publisher.py with kveventstest events.
 func interopScript() [][]kt.Event {
@@ -51,31 +29,8 @@ func interopScript() [][]kt.Event {
 }
 
 func TestInteropWithALibzmqVLLMPublisher(t *testing.T) {
-	requirePythonZMQ(t)
-	cmd := exec.Command(debianPython, "testdata/vllm_publisher.py")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = stdin.Close()
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
+	pythontest.RequireZMQ(t)
+	_, stdout := pythontest.Start(t, "testdata/vllm_publisher.py")
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
 		t.Fatalf("publisher did not start: %v", err)

@@ -75,6 +75,13 @@ type Config struct {
 	TrackingKeyFile string
 	// TrackingKeyID is --router-tracking-key-id; keyed tracking hashes are rejected.
 	TrackingKeyID string
+	// ReplicaSyncPort is --replica-sync-port (1–65535): replica sync binds tcp://*:<port>
+	// (§15.1); 0 = replica sync off.
+	ReplicaSyncPort int
+	// ReplicaSyncPeers are --replica-sync-peers (comma list of ZMQ endpoints); they need the port.
+	ReplicaSyncPeers []string
+	// replicaPortGiven records that --replica-sync-port was given (0 given is an error).
+	replicaPortGiven bool
 
 	// invalid records a flag value that could not be parsed, reported by Validate.
 	invalid []string
@@ -102,15 +109,7 @@ func DefaultConfig() Config {
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Port, "port", c.Port, "HTTP port of the selection API")
 	fs.IntVar(&c.Threads, "threads", c.Threads, "indexer worker threads (>= 1)")
-	fs.Func("indexer-peers", "comma list of HTTP base URLs whose GET /dump seeds the index at startup", func(s string) error {
-		c.IndexerPeers = nil
-		for _, p := range strings.Split(s, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				c.IndexerPeers = append(c.IndexerPeers, p)
-			}
-		}
-		return nil
-	})
+	fs.Func("indexer-peers", "comma list of HTTP base URLs whose GET /dump seeds the index at startup", commaList(&c.IndexerPeers))
 	fs.Func("selection-cache-ttl-secs", "pending-selection TTL in seconds (> 0, default 120)", func(s string) error {
 		v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 		if err != nil || !(v > 0) || math.IsInf(v, 0) || v*float64(time.Second) > math.MaxInt64 {
@@ -166,9 +165,33 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		c.AssumeKVReuse = &v
 		return nil
 	})
+	fs.Func("replica-sync-port", "replica-sync ZeroMQ PUB port, 1..65535 (unset = replica sync off)", func(s string) error {
+		v, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			c.invalid = append(c.invalid, fmt.Sprintf("--replica-sync-port must be an integer in 1..65535, got %q", s))
+			return nil
+		}
+		c.ReplicaSyncPort, c.replicaPortGiven = v, true
+		return nil
+	})
+	fs.Func("replica-sync-peers", "comma list of peer replica-sync endpoints (tcp://host:port); needs --replica-sync-port", commaList(&c.ReplicaSyncPeers))
 	fs.StringVar(&c.TrackingHash, "router-tracking-hash", c.TrackingHash, "tracking hash (only public-xxh3-v1)")
 	fs.StringVar(&c.TrackingKeyFile, "router-tracking-key-file", c.TrackingKeyFile, "keyed tracking hash key file (not supported)")
 	fs.StringVar(&c.TrackingKeyID, "router-tracking-key-id", c.TrackingKeyID, "keyed tracking hash key id (not supported)")
+}
+
+// commaList returns a flag setter that replaces *dst with the non-empty, trimmed entries of a
+// comma list.
+func commaList(dst *[]string) func(string) error {
+	return func(s string) error {
+		*dst = nil
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				*dst = append(*dst, p)
+			}
+		}
+		return nil
+	}
 }
 
 // ParseFlags parses args (without the program and subcommand names) into a validated Config.
@@ -228,6 +251,23 @@ func (c Config) Validate() error {
 			return bad("--indexer-peers: peer %q must be an http(s) base URL", p)
 		}
 	}
+	return c.validateReplica(bad)
+}
+
+// validateReplica checks the replica-sync flags (§15.1): port in 1..65535 when given (0 is an
+// error), peers valid endpoints (§15.5) and only with a port.
+func (c Config) validateReplica(bad func(string, ...any) error) error {
+	if (c.replicaPortGiven || c.ReplicaSyncPort != 0) && (c.ReplicaSyncPort < 1 || c.ReplicaSyncPort > 65535) {
+		return bad("--replica-sync-port must be in 1..65535, got %d", c.ReplicaSyncPort)
+	}
+	if len(c.ReplicaSyncPeers) > 0 && c.ReplicaSyncPort == 0 {
+		return bad("--replica-sync-peers requires --replica-sync-port")
+	}
+	for _, p := range c.ReplicaSyncPeers {
+		if err := httpapi.ValidateReplicaEndpoint(p); err != nil {
+			return bad("--replica-sync-peers: %v", err)
+		}
+	}
 	return nil
 }
 
@@ -272,8 +312,19 @@ type Options struct {
 	ShutdownGrace time.Duration
 	// Replica manages replica-sync peers for /replica_sync/* (nil = replica sync disabled).
 	Replica httpapi.ReplicaPeers
+	// ReplicaSync, when non-nil, is started on the core after recovery (§16 step 5) and closed on
+	// shutdown; its PUB socket is bound by the caller before Run (§16 step 2).
+	ReplicaSync ReplicaSync
 	// Started, when non-nil, is called once the service serves, with its bound address and core.
 	Started func(addr string, svc *picker.Service)
+}
+
+// ReplicaSync is the replica mesh as the service lifecycle drives it.
+type ReplicaSync interface {
+	// Start connects to the peers and applies their events to svc.
+	Start(svc *picker.Service) error
+	// Close stops the replica sockets.
+	Close() error
 }
 
 // Run runs the standalone selection service until ctx ends (selection-service.md §16): validate
@@ -287,6 +338,13 @@ func Run(ctx context.Context, cfg Config, opts Options) (err error) {
 		return err
 	}
 	log := opts.Logger
+	if opts.ReplicaSync != nil {
+		defer func() { // every exit releases the replica sockets (§16)
+			if cerr := opts.ReplicaSync.Close(); cerr != nil {
+				log.Warn().Err(cerr).Msg("closing replica sync")
+			}
+		}()
+	}
 	pc := opts.Picker
 	cfg.ApplyTo(&pc)
 	eventsClosed := false
@@ -316,6 +374,11 @@ func Run(ctx context.Context, cfg Config, opts Options) (err error) {
 		recovered := Recover(ctx, svc, cfg.IndexerPeers, cfg.Threads, opts.HTTPClient, log)
 		if opts.Events != nil {
 			opts.Events.ReleaseEvents(recovered)
+		}
+	}
+	if opts.ReplicaSync != nil {
+		if err := opts.ReplicaSync.Start(svc); err != nil {
+			return fmt.Errorf("select-service: replica sync: %w", err)
 		}
 	}
 	runCtx, stopRun := context.WithCancel(context.Background())

@@ -54,7 +54,12 @@ func TestParseFlags(t *testing.T) {
 		{name: "keyed tracking hashes are rejected", args: []string{"--router-tracking-hash=keyed-xxh3-v1"}, err: "tracking hash keyed-xxh3-v1 is not supported"},
 		{name: "tracking key files are rejected", args: []string{"--router-tracking-key-file=/k"}, err: "not supported"},
 		{name: "indexer peers must be http URLs", args: []string{"--indexer-peers=tcp://a:1"}, err: "http(s)"},
-		{name: "unknown flags fail", args: []string{"--replica-sync-port=1"}, err: "flag provided but not defined"},
+		{name: "unknown flags fail", args: []string{"--grpc-port=1"}, err: "flag provided but not defined"},
+		{name: "the replica sync port must not be 0", args: []string{"--replica-sync-port=0"}, err: "--replica-sync-port must be in 1..65535"},
+		{name: "the replica sync port stops at 65535", args: []string{"--replica-sync-port=65536"}, err: "--replica-sync-port must be in 1..65535"},
+		{name: "the replica sync port is an integer", args: []string{"--replica-sync-port=x"}, err: "--replica-sync-port must be an integer"},
+		{name: "replica peers need the port", args: []string{"--replica-sync-peers=tcp://a:9092"}, err: "--replica-sync-peers requires --replica-sync-port"},
+		{name: "replica peers must be endpoints", args: []string{"--replica-sync-port=9092", "--replica-sync-peers=tcp://a"}, err: "--replica-sync-peers: invalid endpoint"},
 		{name: "positional arguments fail", args: []string{"extra"}, err: "unexpected argument"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
