@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math/bits"
@@ -170,92 +171,346 @@ func (re *RouterEvent) UnmarshalJSON(b []byte) error {
 // block is {c's external hash, the edge's tokens_hash}; event_id counts from 0. Orphans — entries
 // of a candidate missing from the parent or any other ancestor, which cannot match and could not
 // be restored — are skipped, as are lower tiers. Applying the events in order to an empty
-// index (Restore) reproduces every FindMatches device result.
+// index (Restore) reproduces every FindMatches device result. The shards are read-locked
+// together and walked as one tree, so the output does not depend on how workers are sharded.
 func (ix *Index) Dump() []DumpEvent {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	nw := max(ix.nwords, 1)
-	// Each queue item carries the slots present on every node from the root to it.
-	type item struct {
-		n   *node
-		off int // rooted set in sets[off : off+nw]; the root's set is all slots
+	shards := ix.shards[:ix.opened.Load()]
+	for _, sh := range shards {
+		sh.mu.RLock()
+		defer sh.mu.RUnlock()
 	}
-	sets := make([]uint64, nw)
-	for w := range sets {
-		sets[w] = ^uint64(0)
+	return dumpShards(shards)
+}
+
+// dumpRef is one shard's node of a merged dump node, with the slots present on every node from
+// the root to it (nil for the root: everyone).
+type dumpRef struct {
+	sh     int
+	id     uint32
+	rooted []uint64
+}
+
+// dumpChild is one child of a merged node during the walk.
+type dumpChild struct {
+	key    uint64
+	ref    dumpRef
+	parent uint32
+}
+
+// dumpItem is one candidate's entry on a node.
+type dumpItem struct {
+	cand           Candidate
+	ext, parentExt uint64
+	hasParent      bool
+}
+
+func dumpShards(shards []*shard) []DumpEvent {
+	entries := uint64(0)
+	kidsOf := make([][]kidEntry, len(shards))
+	for i, sh := range shards {
+		entries += sh.st.TierEntries[TierDevice]
+		kidsOf[i] = sh.sortedKids()
 	}
-	queue := []item{{n: ix.root}}
-	// Every emitted event is one device entry: size the output and the blocks' backing once.
-	entries := ix.st.TierEntries[TierDevice]
 	out := make([]DumpEvent, 0, entries)
 	backing := make([]StoredBlock, 0, entries)
-	var kids []*node
-	var slotsHere []uint32
+	root := make([]dumpRef, len(shards))
+	for i := range shards {
+		root[i] = dumpRef{sh: i, id: rootID}
+	}
+	queue := [][]dumpRef{root}
+	var kids []dumpChild
+	var items []dumpItem
 	for qi := 0; qi < len(queue); qi++ {
-		it := queue[qi]
 		kids = kids[:0]
-		it.n.forEachChild(func(c *node) { kids = append(kids, c) })
-		slices.SortFunc(kids, func(a, b *node) int { return cmpU64(a.key, b.key) })
-		for _, c := range kids {
-			off := len(sets)
-			nonEmpty := false
-			for w := 0; w < nw; w++ {
-				v := sets[it.off+w] & c.word(w)
-				sets = append(sets, v)
-				nonEmpty = nonEmpty || v != 0
-			}
-			if !nonEmpty {
-				sets = sets[:off]
-				continue
-			}
-			slotsHere = slotsHere[:0]
-			for w := 0; w < nw; w++ {
-				for v := sets[off+w]; v != 0; v &= v - 1 {
-					slotsHere = append(slotsHere, uint32(w*64+bits.TrailingZeros64(v)))
-				}
-			}
-			slices.SortFunc(slotsHere, func(a, b uint32) int { return cmpCandidate(ix.slots[a].cand, ix.slots[b].cand) })
-			for _, s := range slotsHere {
-				cand := ix.slots[s].cand
-				ext, _ := c.extOf(s)
-				backing = append(backing, StoredBlock{BlockHash: ext, TokensHash: c.key})
-				ev := DumpEvent{
-					WorkerID: cand.WorkerID, DPRank: cand.DPRank, Tier: TierDevice,
-					EventID: uint64(len(out)), Kind: EventStored,
-					Blocks: backing[len(backing)-1 : len(backing) : len(backing)],
-				}
-				if it.n != ix.root {
-					ev.HasParent = true
-					ev.ParentHash, _ = it.n.extOf(s)
-				}
-				out = append(out, ev)
-			}
-			queue = append(queue, item{n: c, off: off})
+		for _, ref := range queue[qi] {
+			shards[ref.sh].children(ref.id, kidsOf[ref.sh], func(key uint64, child uint32) {
+				kids = append(kids, dumpChild{key: key, ref: dumpRef{sh: ref.sh, id: child, rooted: ref.rooted}, parent: ref.id})
+			})
 		}
+		slices.SortFunc(kids, func(a, b dumpChild) int {
+			return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.ref.sh, b.ref.sh))
+		})
+		for len(kids) > 0 {
+			n := 1
+			for n < len(kids) && kids[n].key == kids[0].key {
+				n++
+			}
+			group := make([]dumpRef, 0, n)
+			items = items[:0]
+			for _, k := range kids[:n] {
+				sh := shards[k.ref.sh]
+				rooted := sh.rootedBelow(k.ref.rooted, k.ref.id)
+				if rooted == nil {
+					continue
+				}
+				for w, v := range rooted {
+					for ; v != 0; v &= v - 1 {
+						s := uint32(w<<6 | bits.TrailingZeros64(v))
+						it := dumpItem{cand: sh.slots[s].cand}
+						it.ext, _ = sh.extOf(k.ref.id, s)
+						if k.parent != rootID {
+							it.parentExt, _ = sh.extOf(k.parent, s)
+							it.hasParent = true
+						}
+						items = append(items, it)
+					}
+				}
+				group = append(group, dumpRef{sh: k.ref.sh, id: k.ref.id, rooted: rooted})
+			}
+			slices.SortFunc(items, func(a, b dumpItem) int { return cmpCandidate(a.cand, b.cand) })
+			for _, it := range items {
+				backing = append(backing, StoredBlock{BlockHash: it.ext, TokensHash: kids[0].key})
+				out = append(out, DumpEvent{
+					WorkerID: it.cand.WorkerID, DPRank: it.cand.DPRank, Tier: TierDevice,
+					EventID: uint64(len(out)), Kind: EventStored,
+					HasParent: it.hasParent, ParentHash: it.parentExt,
+					Blocks: backing[len(backing)-1 : len(backing) : len(backing)],
+				})
+			}
+			if len(group) > 0 {
+				queue = append(queue, group)
+			}
+			kids = kids[n:]
+		}
+		queue[qi] = nil
 	}
 	return out
 }
 
-// Restore applies dumped events in order with the normal rules (§14.2); applying to a non-empty
-// index merges. Every event is attempted; the error, if any, reports how many failed and wraps the
-// first failure.
-func (ix *Index) Restore(events []RouterEvent) error {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	var first error
-	failed := 0
-	for _, re := range events {
-		if err := ix.applyLocked(Event(re)); err != nil {
-			failed++
-			if first == nil {
-				first = err
-			}
+// kidEntry is one kids-map entry, for walking children in order.
+type kidEntry struct {
+	parent uint32
+	key    uint64
+	child  uint32
+}
+
+// sortedKids returns the kids map as entries sorted by parent.
+func (sh *shard) sortedKids() []kidEntry {
+	out := make([]kidEntry, 0, len(sh.kids)+len(sh.kidsOver))
+	sh.forEachKid(func(p uint32, key uint64, c uint32) { out = append(out, kidEntry{p, key, c}) })
+	slices.SortFunc(out, func(a, b kidEntry) int { return cmp.Compare(a.parent, b.parent) })
+	return out
+}
+
+// children calls f for every child of block id (or the root): the next id when it continues the
+// chain, then id's kids entries (kidsOf from sortedKids).
+func (sh *shard) children(id uint32, kidsOf []kidEntry, f func(key uint64, child uint32)) {
+	if id != rootID {
+		ci, ri := sh.locate(id)
+		c := sh.chunks[ci]
+		r := &c.runs[ri]
+		o := uint16(id & chunkMask)
+		if o+1 < r.off+r.n || primaryNext(c, ci, ri) >= 0 {
+			f(c.keys[o+1], id+1)
+		}
+		if r.kids == 0 || o+1 < r.off+r.n {
+			return
 		}
 	}
-	if first != nil {
-		return fmt.Errorf("restore: %d of %d events failed, first: %w", failed, len(events), first)
+	i, _ := slices.BinarySearchFunc(kidsOf, id, func(e kidEntry, p uint32) int { return cmp.Compare(e.parent, p) })
+	for ; i < len(kidsOf) && kidsOf[i].parent == id; i++ {
+		f(kidsOf[i].key, kidsOf[i].child)
+	}
+}
+
+// rootedBelow returns the slots on block id that are also in parent (nil = every slot), or nil
+// when there are none. parent itself is returned when it is unchanged.
+func (sh *shard) rootedBelow(parent []uint64, id uint32) []uint64 {
+	ci, ri := sh.locate(id)
+	h := sh.chunks[ci].runs[ri].holder
+	if h == noHolder {
+		return nil
+	}
+	set := make([]uint64, sh.nwords)
+	sh.loadSet(set, h)
+	same, any := true, false
+	for w := range set {
+		if parent != nil {
+			p := uint64(0)
+			if w < len(parent) {
+				p = parent[w]
+			}
+			same = same && set[w]&p == p
+			set[w] &= p
+		}
+		any = any || set[w] != 0
+	}
+	if !any {
+		return nil
+	}
+	if parent != nil && same && len(parent) == len(set) {
+		return parent
+	}
+	return set
+}
+
+// Restore applies dumped events in order with the normal rules (§14.2); applying to a non-empty
+// index merges. Every event is attempted; the error, if any, reports how many failed and wraps the
+// first failure. Runs of device-tier stores (what Dump emits) are regrouped per candidate into
+// chains before they are applied, so a restored index is as compact as the dumped one; the
+// result equals applying the events one by one (a candidate whose stores reuse an external hash
+// or name a parent stored only later is applied event by event).
+func (ix *Index) Restore(events []RouterEvent) error {
+	r := restorer{ix: ix}
+	for i := 0; i < len(events); {
+		if !isDeviceStore(events[i]) {
+			r.note(ix.Apply(Event(events[i])), 1)
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(events) && isDeviceStore(events[j]) {
+			j++
+		}
+		r.stores(events[i:j])
+		i = j
+	}
+	if r.first != nil {
+		return fmt.Errorf("restore: %d of %d events failed, first: %w", r.failed, len(events), r.first)
 	}
 	return nil
+}
+
+func isDeviceStore(re RouterEvent) bool {
+	return re.Kind == EventStored && re.Tier == TierDevice
+}
+
+// restorer is the state of one Restore.
+type restorer struct {
+	ix     *Index
+	first  error
+	failed int
+
+	pos    map[uint64]int // a candidate's block hash → index of the event storing it
+	kidsAt map[uint64][]int
+	blocks []StoredBlock
+}
+
+func (r *restorer) note(err error, n int) {
+	if err == nil {
+		return
+	}
+	r.failed += n
+	if r.first == nil {
+		r.first = err
+	}
+}
+
+// stores restores a run of device-tier Stored events, candidate by candidate.
+func (r *restorer) stores(evs []RouterEvent) {
+	byCand := make(map[Candidate][]int32)
+	var order []Candidate
+	for i := range evs {
+		c := Event(evs[i]).Candidate()
+		if _, ok := byCand[c]; !ok {
+			order = append(order, c)
+		}
+		byCand[c] = append(byCand[c], int32(i))
+	}
+	for _, c := range order {
+		sh := r.ix.lockWorker(c.WorkerID, true)
+		r.candidate(sh, evs, byCand[c])
+		r.ix.unlockWorker(sh, c.WorkerID)
+	}
+}
+
+// candidate restores one candidate's stores evs[idx...] (in order) into sh (write-locked).
+func (r *restorer) candidate(sh *shard, evs []RouterEvent, idx []int32) {
+	if r.pos == nil {
+		r.pos, r.kidsAt = make(map[uint64]int), make(map[uint64][]int)
+	}
+	clear(r.pos)
+	clear(r.kidsAt)
+	valid := idx[:0:0]
+	chainable := true
+	for _, i := range idx {
+		ev := Event(evs[i])
+		if err := sh.checkStore(ev.Candidate(), ev); err != nil {
+			sh.st.StoresInvalidSequence++
+			r.note(err, 1)
+			continue
+		}
+		for _, b := range ev.Blocks {
+			if _, dup := r.pos[b.BlockHash]; dup {
+				chainable = false
+			}
+			r.pos[b.BlockHash] = len(valid)
+		}
+		if ev.HasParent {
+			if p, ok := r.pos[ev.ParentHash]; ok && p < len(valid) {
+				r.kidsAt[ev.ParentHash] = append(r.kidsAt[ev.ParentHash], len(valid))
+			} else if ok {
+				chainable = false // the parent is stored by this same event (caught above) or later
+			}
+		}
+		valid = append(valid, i)
+	}
+	if !chainable {
+		for _, i := range valid {
+			r.note(sh.apply(Event(evs[i])), 1)
+		}
+		return
+	}
+	for k, i := range valid {
+		ev := Event(evs[i])
+		if ev.HasParent {
+			if _, inBatch := r.kidsAt[ev.ParentHash]; inBatch && r.pos[ev.ParentHash] < k {
+				continue // applied as part of its parent's chain
+			}
+		}
+		r.chain(sh, evs, valid, k)
+	}
+}
+
+// chain applies event valid[k] and, depth first, the events stored below its blocks: the first
+// child of a chain's last block continues it, other children start chains of their own.
+func (r *restorer) chain(sh *shard, evs []RouterEvent, valid []int32, k int) {
+	type start struct {
+		k          int
+		hasParent  bool
+		parentHash uint64
+	}
+	ev0 := Event(evs[valid[k]])
+	stack := []start{{k, ev0.HasParent, ev0.ParentHash}}
+	var members []int
+	for len(stack) > 0 {
+		st := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		r.blocks = r.blocks[:0]
+		members = members[:0]
+		for k := st.k; ; {
+			ev := Event(evs[valid[k]])
+			members = append(members, k)
+			r.blocks = append(r.blocks, ev.Blocks...)
+			next := -1
+			for bi, b := range ev.Blocks {
+				kids := r.kidsAt[b.BlockHash]
+				for ki, kk := range kids {
+					if bi == len(ev.Blocks)-1 && ki == 0 {
+						next = kk
+						continue
+					}
+					stack = append(stack, start{kk, true, b.BlockHash})
+				}
+			}
+			if next < 0 {
+				break
+			}
+			k = next
+		}
+		c := Event(evs[valid[st.k]]).Candidate()
+		chained := Event{WorkerID: c.WorkerID, DPRank: c.DPRank, Tier: TierDevice, EventID: evs[valid[st.k]].EventID,
+			Kind: EventStored, HasParent: st.hasParent, ParentHash: st.parentHash, Blocks: r.blocks}
+		if err := sh.apply(chained); err != nil {
+			// The chain's first parent is unknown: apply its events one by one, as given.
+			sh.st.StoresParentNotFound--
+			for _, m := range members {
+				r.note(sh.apply(Event(evs[valid[m]])), 1)
+			}
+			continue
+		}
+		sh.st.EventsApplied += uint64(len(members) - 1)
+	}
 }
 
 func cmpU64(a, b uint64) int {

@@ -106,13 +106,13 @@ func FuzzApply(f *testing.F) {
 			}
 			queries = append(queries, q)
 		}
-		ix.mu.RLock()
-		for n := ix.root.child0; n != nil; n = n.child0 {
-			if len(queries[0]) < 12 {
-				queries[0] = append(queries[0], n.key)
+		for len(queries[0]) < 12 {
+			keys := childKeys(ix, queries[0])
+			if len(keys) == 0 {
+				break
 			}
+			queries[0] = append(queries[0], keys[0])
 		}
-		ix.mu.RUnlock()
 
 		raw, err := json.Marshal(ix.Dump())
 		if err != nil {
