@@ -351,10 +351,10 @@ func (sh *shard) rootedBelow(parent []uint64, id uint32) []uint64 {
 // result equals applying the events one by one (a candidate whose stores reuse an external hash
 // or name a parent stored only later is applied event by event).
 func (ix *Index) Restore(events []RouterEvent) error {
-	r := restorer{ix: ix}
+	r := restorer{ix: ix, firstAt: -1}
 	for i := 0; i < len(events); {
 		if !isDeviceStore(events[i]) {
-			r.note(ix.Apply(Event(events[i])), 1)
+			r.note(ix.Apply(Event(events[i])), i)
 			i++
 			continue
 		}
@@ -362,7 +362,7 @@ func (ix *Index) Restore(events []RouterEvent) error {
 		for j < len(events) && isDeviceStore(events[j]) {
 			j++
 		}
-		r.stores(events[i:j])
+		r.stores(events[i:j], i)
 		i = j
 	}
 	if r.first != nil {
@@ -377,27 +377,32 @@ func isDeviceStore(re RouterEvent) bool {
 
 // restorer is the state of one Restore.
 type restorer struct {
-	ix     *Index
-	first  error
-	failed int
+	ix      *Index
+	first   error // the failure of the earliest event (firstAt)
+	firstAt int
+	failed  int
 
+	base   int            // event number of evs[0] in the current run of stores
 	pos    map[uint64]int // a candidate's block hash → index of the event storing it
 	kidsAt map[uint64][]int
 	blocks []StoredBlock
 }
 
-func (r *restorer) note(err error, n int) {
+// note records the outcome of event number at.
+func (r *restorer) note(err error, at int) {
 	if err == nil {
 		return
 	}
-	r.failed += n
-	if r.first == nil {
-		r.first = err
+	r.failed++
+	if r.firstAt < 0 || at < r.firstAt {
+		r.first, r.firstAt = err, at
 	}
 }
 
-// stores restores a run of device-tier Stored events, candidate by candidate.
-func (r *restorer) stores(evs []RouterEvent) {
+// stores restores a run of device-tier Stored events (the first is event number base),
+// candidate by candidate.
+func (r *restorer) stores(evs []RouterEvent, base int) {
+	r.base = base
 	byCand := make(map[Candidate][]int32)
 	var order []Candidate
 	for i := range evs {
@@ -427,7 +432,7 @@ func (r *restorer) candidate(sh *shard, evs []RouterEvent, idx []int32) {
 		ev := Event(evs[i])
 		if err := sh.checkStore(ev.Candidate(), ev); err != nil {
 			sh.st.StoresInvalidSequence++
-			r.note(err, 1)
+			r.note(err, r.base+int(i))
 			continue
 		}
 		for _, b := range ev.Blocks {
@@ -437,17 +442,23 @@ func (r *restorer) candidate(sh *shard, evs []RouterEvent, idx []int32) {
 			r.pos[b.BlockHash] = len(valid)
 		}
 		if ev.HasParent {
-			if p, ok := r.pos[ev.ParentHash]; ok && p < len(valid) {
+			if _, ok := r.pos[ev.ParentHash]; ok {
 				r.kidsAt[ev.ParentHash] = append(r.kidsAt[ev.ParentHash], len(valid))
-			} else if ok {
-				chainable = false // the parent is stored by this same event (caught above) or later
 			}
 		}
 		valid = append(valid, i)
 	}
+	for k, i := range valid {
+		// A parent stored only by a later event would resolve differently once chained.
+		if ev := evs[i]; ev.HasParent {
+			if p, ok := r.pos[ev.ParentHash]; ok && p >= k {
+				chainable = false
+			}
+		}
+	}
 	if !chainable {
 		for _, i := range valid {
-			r.note(sh.apply(Event(evs[i])), 1)
+			r.note(sh.apply(Event(evs[i])), r.base+int(i))
 		}
 		return
 	}
@@ -501,11 +512,12 @@ func (r *restorer) chain(sh *shard, evs []RouterEvent, valid []int32, k int) {
 		c := Event(evs[valid[st.k]]).Candidate()
 		chained := Event{WorkerID: c.WorkerID, DPRank: c.DPRank, Tier: TierDevice, EventID: evs[valid[st.k]].EventID,
 			Kind: EventStored, HasParent: st.hasParent, ParentHash: st.parentHash, Blocks: r.blocks}
+		saved := sh.st
 		if err := sh.apply(chained); err != nil {
 			// The chain's first parent is unknown: apply its events one by one, as given.
-			sh.st.StoresParentNotFound--
+			sh.st = saved
 			for _, m := range members {
-				r.note(sh.apply(Event(evs[valid[m]])), 1)
+				r.note(sh.apply(Event(evs[valid[m]])), r.base+int(valid[m]))
 			}
 			continue
 		}

@@ -37,9 +37,6 @@ const (
 	// extMinCheck is the number of window bits a bucket keeps unused by splits (as extra
 	// fingerprint bits); it is refilled before a split would leave fewer.
 	extMinCheck = 2
-
-	// initialIDBits is the id width of a new shard (1 Mi ids); see growIDSpace.
-	initialIDBits = 20
 )
 
 // extBucket is one bucket of n entries.
@@ -295,19 +292,17 @@ func (sh *shard) forEachExtEntry(s uint32, f func(id uint32)) {
 	})
 }
 
+// idLadder is the sequence of id widths a shard goes through as its id space grows.
+var idLadder = []uint8{20, 27, 32}
+
 // growIDSpace is called before chunk ci is created: when its ids no longer fit the id width,
-// the width grows (to 27, then 32 bits) and every entry keeps only the first bits of its split
+// the width steps up the shard's ladder and every entry keeps only the first bits of its split
 // window (a 32-bit width leaves none: splits then read external hashes back from the tree).
 func (sh *shard) growIDSpace(ci uint32) {
 	old := sh.idBits
-	for sh.idBits < 32 && blockID(ci, chunkMask)>>sh.idBits != 0 {
-		switch {
-		case sh.idBits < 20:
-			sh.idBits = 20
-		case sh.idBits < 27:
-			sh.idBits = 27
-		default:
-			sh.idBits = 32
+	for _, w := range sh.ladder {
+		if sh.idBits < 32 && blockID(ci, chunkMask)>>sh.idBits != 0 && w > sh.idBits {
+			sh.idBits = w
 		}
 	}
 	if sh.idBits == old {

@@ -28,7 +28,7 @@ type Config struct {
 	// every open shard, so small pools stay in one shard. <= 0 means DefaultShardWorkers.
 	ShardWorkers int
 
-	idBits uint8 // test hook: initial id width of the shards (default initialIDBits)
+	idLadder []uint8 // test hook: id widths of the shards' lookups (default idLadder)
 }
 
 // Index is one partition's KV prefix index (kv-events-index.md §11, §12): a radix tree of device
@@ -78,13 +78,13 @@ func New(cfg Config) *Index {
 	if fill <= 0 {
 		fill = DefaultShardWorkers
 	}
-	idBits := cfg.idBits
-	if idBits == 0 {
-		idBits = initialIDBits
+	ladder := cfg.idLadder
+	if ladder == nil {
+		ladder = idLadder
 	}
 	ix := &Index{blockSize: cfg.BlockSize, shards: make([]*shard, n), fill: int32(fill), assigned: make([]atomic.Int32, n)}
 	for i := range ix.shards {
-		sh := newShard(idBits)
+		sh := newShard(ladder)
 		k := int32(i)
 		sh.unassign = func(w uint64) {
 			if ix.assign.CompareAndDelete(w, k) {

@@ -83,8 +83,8 @@ func checkShard(sh *shard) error {
 		return dupKid
 	}
 	for k, over := range sh.kidsOver {
-		if c, ok := sh.kids[kidHash(k.parent, k.key)]; !ok || c == over {
-			return fmt.Errorf("overflow kids entry %v without a colliding main entry", k)
+		if sh.kids[kidHash(k.parent, k.key)] == over {
+			return fmt.Errorf("kids entry %v is in both maps", k)
 		}
 	}
 	for ci, c := range sh.chunks {

@@ -19,7 +19,8 @@ type shard struct {
 	freeMultis []uint32
 	kids       map[uint64]uint32 // kidHash → child, for children other than the next id (root children always)
 	kidsOver   map[kidKey]uint32 // children whose kidHash another child already has
-	idBits     uint8             // width of a block id in a lookup entry (narrowIDBits or 32)
+	idBits     uint8             // width of a block id in a lookup entry, a step of ladder
+	ladder     []uint8
 
 	slotOf  map[Candidate]uint32
 	slots   []slotState // indexed by slot; a free slot has an empty lookup and no lower stores
@@ -62,12 +63,13 @@ type rootRef struct {
 	slot uint32
 }
 
-func newShard(idBits uint8) *shard {
+func newShard(ladder []uint8) *shard {
 	return &shard{
+		idBits:    ladder[0],
+		ladder:    ladder,
 		chunks:    []*chunk{{used: 1}},
 		kids:      make(map[uint64]uint32),
 		kidsOver:  make(map[kidKey]uint32),
-		idBits:    idBits,
 		slotOf:    make(map[Candidate]uint32),
 		workers:   make(map[uint64]int),
 		lowerRoot: make(map[uint64][]uint32),
