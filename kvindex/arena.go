@@ -52,6 +52,15 @@ type run struct {
 	parent uint32 // id of the first block's parent (rootID for a root child)
 	kids   uint32 // kids-map children of the run's last block
 	kid    uint32 // one of them (rootID when unknown): the usual continuation, found without hashing
+	mask   uint64 // word 0 (slots 0..63) of the holder set, for the lookup walk of small shards
+}
+
+// holderWord0 returns word 0 of a single-holder or empty holder set.
+func holderWord0(h uint32) uint64 {
+	if h < 64 {
+		return 1 << h
+	}
+	return 0
 }
 
 // chunk holds chunkSize ids: their keys and first-holder external hashes (arrays grown as ids
@@ -61,10 +70,16 @@ type chunk struct {
 	keys   []uint64
 	ext1   []uint64
 	runs   []run
-	starts [chunkSize / 64]uint64 // bit o: a run starts at offset o
-	before [chunkSize / 64]uint16 // run starts in the words below
-	used   int                    // ids covered by runs, plus the root in chunk 0
-	open   bool                   // on shard.open
+	starts [chunkSize / 64]startWord
+	used   int  // ids covered by runs, plus the root in chunk 0
+	open   bool // on shard.open
+}
+
+// startWord is one word of a chunk's run-start bitset (bit o%64: a run starts at offset o) with
+// the number of run starts in the words below, side by side so a lookup reads one cache line.
+type startWord struct {
+	bits   uint64
+	before uint16
 }
 
 // kidKey names a child through its parent id and its tokens_hash.
@@ -132,8 +147,8 @@ func blockID(ci uint32, off uint16) uint32 { return ci<<chunkBits | uint32(off) 
 
 // find returns the index of the run covering offset o, or -1 when o is free.
 func (c *chunk) find(o uint16) int {
-	w := o >> 6
-	i := int(c.before[w]) + bits.OnesCount64(c.starts[w]&(2<<(o&63)-1)) - 1
+	sw := &c.starts[o>>6]
+	i := int(sw.before) + bits.OnesCount64(sw.bits&(2<<(o&63)-1)) - 1
 	if i < 0 || o >= c.runs[i].off+c.runs[i].n {
 		return -1
 	}
@@ -145,13 +160,13 @@ func (c *chunk) markStart(o uint16, on bool) {
 	w := o >> 6
 	delta := uint16(1)
 	if on {
-		c.starts[w] |= 1 << (o & 63)
+		c.starts[w].bits |= 1 << (o & 63)
 	} else {
-		c.starts[w] &^= 1 << (o & 63)
+		c.starts[w].bits &^= 1 << (o & 63)
 		delta = ^uint16(0) // -1
 	}
 	for j := w + 1; j < chunkSize/64; j++ {
-		c.before[j] += delta
+		c.starts[j].before += delta
 	}
 }
 
@@ -356,7 +371,7 @@ func (sh *shard) alloc(parent uint32, want int) (uint32, int) {
 func (sh *shard) newRun(first uint32, n int, holder, parent uint32) int {
 	ci := first >> chunkBits
 	c := sh.chunks[ci]
-	r := run{off: uint16(first & chunkMask), n: uint16(n), holder: holder, parent: parent}
+	r := run{off: uint16(first & chunkMask), n: uint16(n), holder: holder, parent: parent, mask: holderWord0(holder)}
 	i := len(c.runs)
 	if i > 0 && c.runs[i-1].off > r.off {
 		i, _ = slices.BinarySearchFunc(c.runs, r.off, func(x run, o uint16) int { return int(x.off) - int(o) })
@@ -371,7 +386,7 @@ func (sh *shard) newRun(first uint32, n int, holder, parent uint32) int {
 func (sh *shard) splitRun(ci uint32, ri int, k uint16) {
 	c := sh.chunks[ci]
 	r := c.runs[ri]
-	right := run{off: r.off + k, n: r.n - k, holder: r.holder, parent: blockID(ci, r.off+k-1), kids: r.kids, kid: r.kid}
+	right := run{off: r.off + k, n: r.n - k, holder: r.holder, parent: blockID(ci, r.off+k-1), kids: r.kids, kid: r.kid, mask: r.mask}
 	if isMulti(r.holder) {
 		right.holder = sh.splitMulti(r.holder, int(k))
 	}

@@ -1,6 +1,9 @@
 package kvindex
 
-import "math/bits"
+import (
+	"math/bits"
+	"slices"
+)
 
 // findMatches appends the shard's matches for local (see Index.FindMatches). The walk compares
 // keys block by block inside a run and intersects the candidate set only where a new run starts,
@@ -37,6 +40,9 @@ func (sh *shard) walk(local []uint64, x uint32, dst []Match) ([]Match, uint32) {
 	first := r.holder
 	if first == noHolder {
 		return dst, first // an empty placeholder: nobody matches below it
+	}
+	if sh.nwords <= 1 {
+		return sh.walk1(local, ci, ri, dst), first
 	}
 	var stack [8]uint64
 	var set []uint64 // candidates holding every block so far, one bit per slot
@@ -84,11 +90,89 @@ func (sh *shard) walk(local []uint64, x uint32, dst []Match) ([]Match, uint32) {
 		d++
 	}
 	for w, v := range set {
-		for ; v != 0; v &= v - 1 {
-			dst = sh.emit(dst, uint32(w<<6|bits.TrailingZeros64(v)), d, c, r, o, local)
-		}
+		dst = sh.emitSet(dst, w, v, d, c, r, o, local)
 	}
 	return dst, first
+}
+
+// walk1 is walk for shards whose slots fit one bitset word.
+func (sh *shard) walk1(local []uint64, ci uint32, ri int, dst []Match) []Match {
+	c := sh.chunks[ci]
+	r := &c.runs[ri]
+	set := r.mask
+	o, d := r.off, 1
+	for {
+		end := r.off + r.n
+		keys := c.keys
+		for d < len(local) && o+1 < end && keys[o+1] == local[d] {
+			o++
+			d++
+		}
+		if d == len(local) || o+1 < end {
+			break
+		}
+		last := blockID(ci, o)
+		nci, nri := ci, -1
+		if ri+1 < len(c.runs) {
+			if nr := &c.runs[ri+1]; nr.off == end && nr.parent == last && keys[end] == local[d] {
+				nri = ri + 1
+			}
+		}
+		if nri < 0 && r.kids > 0 {
+			// Usually the run's recorded kid: checked without hashing.
+			y := r.kid
+			if y == rootID || sh.key(y) != local[d] {
+				y = rootID
+				if r.kids > 1 || r.kid == rootID {
+					y = sh.kidGet(last, local[d])
+				}
+			}
+			if y != rootID {
+				nci = y >> chunkBits
+				nri = sh.chunks[nci].find(uint16(y & chunkMask))
+			}
+		}
+		if nri < 0 {
+			break
+		}
+		nc := sh.chunks[nci]
+		nr := &nc.runs[nri]
+		if keep := set & nr.mask; keep != set {
+			dst = sh.emitSet(dst, 0, set&^keep, d, c, r, o, local)
+			if set = keep; set == 0 {
+				return dst
+			}
+		}
+		ci, c, ri, r, o = nci, nc, nri, nr, nr.off
+		d++
+	}
+	return sh.emitSet(dst, 0, set, d, c, r, o, local)
+}
+
+// emitSet appends the matches of the slots in bitset word w of set (see fill). The matches are
+// written field by field in place: building each on the stack and copying it stalls on store
+// forwarding.
+func (sh *shard) emitSet(dst []Match, w int, set uint64, d int, c *chunk, r *run, o uint16, local []uint64) []Match {
+	if set == 0 {
+		return dst
+	}
+	i := len(dst)
+	dst = slices.Grow(dst, bits.OnesCount64(set))
+	dst = dst[:i+bits.OnesCount64(set)]
+	lower := sh.lowerBits[w]
+	for ; set != 0; set &= set - 1 {
+		b := bits.TrailingZeros64(set)
+		m := &dst[i]
+		i++
+		m.Candidate = sh.cands[w<<6|b]
+		m.Device = uint32(d)
+		m.HostExt, m.DiskExt, m.ExternalExt = 0, 0, 0
+		if lower&(1<<b) != 0 {
+			ext, _ := sh.extAt(c, r, o, uint32(w<<6|b))
+			sh.extend(m, uint32(w<<6|b), ext, false, local, d)
+		}
+	}
+	return dst
 }
 
 // loadSet writes holder set h into set (one bit per slot).
@@ -127,25 +211,11 @@ func (sh *shard) intersect(dst []Match, set []uint64, h uint32, d int, c *chunk,
 			keep = 1 << (h & 63)
 		}
 		keep &= v
-		for drop := v &^ keep; drop != 0; drop &= drop - 1 {
-			dst = sh.emit(dst, uint32(w<<6|bits.TrailingZeros64(drop)), d, c, r, o, local)
-		}
+		dst = sh.emitSet(dst, w, v&^keep, d, c, r, o, local)
 		set[w] = keep
 		alive = alive || keep != 0
 	}
 	return dst, alive
-}
-
-// emit appends slot s's match with d device blocks, the last one at offset o of run r in chunk c,
-// extended through the lower tiers (§12.2) when the candidate has any.
-func (sh *shard) emit(dst []Match, s uint32, d int, c *chunk, r *run, o uint16, local []uint64) []Match {
-	st := &sh.slots[s]
-	m := Match{Candidate: st.cand, Device: uint32(d)}
-	if st.hasLower() {
-		ext, _ := sh.extAt(c, r, o, s)
-		sh.extend(&m, s, ext, false, local, d)
-	}
-	return append(dst, m)
 }
 
 // externalHashes returns slot s's external hashes on the first n blocks of local it holds

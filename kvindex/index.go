@@ -12,6 +12,8 @@ const (
 	DefaultShards = 8
 	// DefaultShardWorkers is the default Config.ShardWorkers.
 	DefaultShardWorkers = 64
+	// MaxShards bounds Config.Shards.
+	MaxShards = 64
 )
 
 // Config configures an Index.
@@ -21,7 +23,7 @@ type Config struct {
 	BlockSize int
 	// Shards is the most shards the index splits its workers over (kv-events-index.md §16:
 	// different workers' events apply in parallel); <= 0 means DefaultShards, 1 means one lock
-	// for everything.
+	// for everything; at most MaxShards.
 	Shards int
 	// ShardWorkers is how many workers a shard takes before the next shard is opened; once all
 	// Shards are open, a new worker goes to the shard with the fewest workers. A lookup walks
@@ -74,6 +76,7 @@ func New(cfg Config) *Index {
 	if n <= 0 {
 		n = DefaultShards
 	}
+	n = min(n, MaxShards)
 	fill := cfg.ShardWorkers
 	if fill <= 0 {
 		fill = DefaultShardWorkers
@@ -237,8 +240,19 @@ func (m Match) CumulativeTokens(blockSize int) (gpu, cpu, disk uint64) {
 // of holder set), not with the pool size. It does not allocate when dst has capacity for every
 // match (and no shard has more than 512 candidates).
 func (ix *Index) FindMatches(localHashes []uint64, dst []Match) []Match {
-	open := int(ix.opened.Load())
-	for _, sh := range ix.shards[:open] {
+	// Shards being written are walked last, so a lookup waits for the longest write in
+	// progress rather than for each in turn.
+	var busy uint64
+	for i, sh := range ix.shards[:ix.opened.Load()] {
+		if !sh.mu.TryRLock() {
+			busy |= 1 << i
+			continue
+		}
+		dst = sh.findMatches(localHashes, dst)
+		sh.mu.RUnlock()
+	}
+	for ; busy != 0; busy &= busy - 1 {
+		sh := ix.shards[bits.TrailingZeros64(busy)]
 		sh.mu.RLock()
 		dst = sh.findMatches(localHashes, dst)
 		sh.mu.RUnlock()

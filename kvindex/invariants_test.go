@@ -103,12 +103,18 @@ func checkShard(sh *shard) error {
 			h := sh.holderCount(r.holder)
 			switch {
 			case r.holder == noHolder:
+				if r.mask != 0 {
+					return fmt.Errorf("placeholder run %d has a cached word 0", blockID(uint32(ci), r.off))
+				}
 				if !hasChildren(c, uint32(ci), ri) {
 					return fmt.Errorf("placeholder run at %d has no children", blockID(uint32(ci), r.off))
 				}
 			case !isMulti(r.holder):
 				if err := sh.checkSlotUsed(r.holder); err != nil {
 					return err
+				}
+				if r.mask != holderWord0(r.holder) {
+					return fmt.Errorf("run %d: cached word 0 %x for holder %d", blockID(uint32(ci), r.off), r.mask, r.holder)
 				}
 			default:
 				m := sh.multi(r.holder)
@@ -118,6 +124,9 @@ func checkShard(sh *shard) error {
 						return fmt.Errorf("multi of run %d: zero or unordered word", blockID(uint32(ci), r.off))
 					}
 					ones += bits.OnesCount64(w)
+				}
+				if w0, _ := m.word(0, 0); w0 != r.mask {
+					return fmt.Errorf("run %d: cached word 0 %x, word 0 %x", blockID(uint32(ci), r.off), r.mask, w0)
 				}
 				if ones != m.h || m.h < 2 || len(m.exts) != int(r.n)*(m.h-1) || len(m.widx) != len(m.words) {
 					return fmt.Errorf("multi of run %d: h %d, %d bits, %d exts for %d blocks", blockID(uint32(ci), r.off), m.h, ones, len(m.exts), r.n)
@@ -146,7 +155,7 @@ func checkShard(sh *shard) error {
 		}
 		n := uint16(0)
 		for w := range starts {
-			if starts[w] != c.starts[w] || c.before[w] != n {
+			if starts[w] != c.starts[w].bits || c.starts[w].before != n {
 				return fmt.Errorf("chunk %d: run-start index wrong at word %d", ci, w)
 			}
 			n += uint16(bits.OnesCount64(starts[w]))
@@ -261,6 +270,9 @@ func checkShard(sh *shard) error {
 		}
 		if st.ext.count == 0 && !st.hasLower() {
 			return fmt.Errorf("%v holds slot %d with no entries", c, s)
+		}
+		if sh.cands[s] != c || st.hasLower() != (sh.lowerBits[s>>6]&(1<<(s&63)) != 0) {
+			return fmt.Errorf("%v: packed candidate %v, lower bit disagrees with stores %v", c, sh.cands[s], st.hasLower())
 		}
 		if err := sh.checkExtIndex(s); err != nil {
 			return fmt.Errorf("%v: %w", c, err)

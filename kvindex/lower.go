@@ -57,6 +57,7 @@ func (sh *shard) storeLower(c Candidate, ev Event) error {
 			rev:   make(map[uint64]edgeKey, len(ev.Blocks)),
 		}
 		st.lower[ev.Tier-1] = ls
+		sh.syncLower(s)
 	}
 	k := edgeKey{parent: ev.ParentHash, root: !ev.HasParent}
 	for _, b := range ev.Blocks {
@@ -99,6 +100,7 @@ func (sh *shard) removeLower(s uint32, t Tier, ext uint64) bool {
 	sh.unrefRoot(k, s)
 	if len(ls.rev) == 0 {
 		sh.slots[s].lower[t-1] = nil
+		sh.syncLower(s)
 	}
 	return true
 }
@@ -114,6 +116,7 @@ func (sh *shard) dropLower(s uint32, t Tier) {
 		sh.unrefRoot(k, s)
 	}
 	sh.slots[s].lower[t-1] = nil
+	sh.syncLower(s)
 }
 
 func (sh *shard) refRoot(k edgeKey, s uint32) {

@@ -22,9 +22,11 @@ type shard struct {
 	idBits     uint8             // width of a block id in a lookup entry, a step of ladder
 	ladder     []uint8
 
-	slotOf  map[Candidate]uint32
-	slots   []slotState // indexed by slot; a free slot has an empty lookup and no lower stores
-	used    []uint64    // bitset of allocated slots
+	slotOf    map[Candidate]uint32
+	slots     []slotState // indexed by slot; a free slot has an empty lookup and no lower stores
+	cands     []Candidate // slots[s].cand, packed for the lookup walk
+	used      []uint64    // bitset of allocated slots
+	lowerBits []uint64    // bitset of slots with a lower-tier store
 	nwords  int         // bitset words covering the highest allocated slot
 	workers map[uint64]int
 
@@ -56,6 +58,15 @@ type slotState struct {
 
 func (st *slotState) hasLower() bool {
 	return st.lower[0] != nil || st.lower[1] != nil || st.lower[2] != nil
+}
+
+// syncLower updates slot s's bit in lowerBits after its lower stores changed.
+func (sh *shard) syncLower(s uint32) {
+	if sh.slots[s].hasLower() {
+		sh.lowerBits[s>>6] |= 1 << (s & 63)
+	} else {
+		sh.lowerBits[s>>6] &^= 1 << (s & 63)
+	}
 }
 
 type rootRef struct {
@@ -404,8 +415,13 @@ func (sh *shard) allocSlot(c Candidate) uint32 {
 	}
 	for int(s) >= len(sh.slots) {
 		sh.slots = append(sh.slots, slotState{})
+		sh.cands = append(sh.cands, Candidate{})
+	}
+	for len(sh.lowerBits) < len(sh.used) {
+		sh.lowerBits = append(sh.lowerBits, 0)
 	}
 	sh.slots[s] = slotState{cand: c}
+	sh.cands[s] = c
 	sh.slotOf[c] = s
 	sh.nwords = max(sh.nwords, int(s>>6)+1)
 	sh.workers[c.WorkerID]++
@@ -427,8 +443,10 @@ func (sh *shard) releaseIfEmpty(s uint32) {
 	for sh.nwords > 0 && sh.used[sh.nwords-1] == 0 {
 		sh.nwords--
 	}
+	sh.cands[s] = Candidate{}
 	for len(sh.slots) > sh.nwords*64 {
 		sh.slots = sh.slots[:len(sh.slots)-1]
+		sh.cands = sh.cands[:len(sh.cands)-1]
 	}
 	if sh.workers[c.WorkerID]--; sh.workers[c.WorkerID] == 0 {
 		delete(sh.workers, c.WorkerID)
