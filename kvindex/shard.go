@@ -27,8 +27,8 @@ type shard struct {
 	cands     []Candidate // slots[s].cand, packed for the lookup walk
 	used      []uint64    // bitset of allocated slots
 	lowerBits []uint64    // bitset of slots with a lower-tier store
-	nwords  int         // bitset words covering the highest allocated slot
-	workers map[uint64]int
+	nwords    int         // bitset words covering the highest allocated slot
+	workers   map[uint64]int
 
 	// lowerRoot lists, per tokens_hash, the slots with a lower-tier edge (ROOT, tokens_hash) in
 	// any tier (the candidates a query can match from the root in lower tiers only); lowerRefs
