@@ -52,8 +52,15 @@ type run struct {
 	parent uint32 // id of the first block's parent (rootID for a root child)
 	kids   uint32 // kids-map children of the run's last block
 	kid    uint32 // one of them (rootID when unknown): the usual continuation, found without hashing
-	mask   uint64 // word 0 (slots 0..63) of the holder set, for the lookup walk of small shards
+	kidRI  uint16 // hint: kid's run index in its chunk, valid when that run starts at kid
+	// mask0, mask1 hold word 0 (slots 0..63) of the holder set, for the lookup walk of small
+	// shards (two halves keep the run at 28 bytes).
+	mask0, mask1 uint32
 }
+
+func (r *run) mask() uint64 { return uint64(r.mask0) | uint64(r.mask1)<<32 }
+
+func (r *run) setMask(m uint64) { r.mask0, r.mask1 = uint32(m), uint32(m>>32) }
 
 // holderWord0 returns word 0 of a single-holder or empty holder set.
 func holderWord0(h uint32) uint64 {
@@ -249,6 +256,34 @@ func (sh *shard) kidOf(r *run, x uint32, key uint64) uint32 {
 	return sh.kidGet(x, key)
 }
 
+// kidRun returns the run of r's recorded kid when its tokens_hash is key (using the kidRI hint
+// when it is still right), or ri = -1.
+func (sh *shard) kidRun(r *run, key uint64) (ci uint32, ri int) {
+	y := r.kid
+	if y == rootID {
+		return 0, -1
+	}
+	ci = y >> chunkBits
+	c := sh.chunks[ci]
+	o := uint16(y & chunkMask)
+	if c.keys[o] != key {
+		return 0, -1
+	}
+	if i := int(r.kidRI); i < len(c.runs) && c.runs[i].off == o {
+		return ci, i
+	}
+	return ci, c.find(o)
+}
+
+// hintKid points run ri's kidRI hint (chunk ci) at its kid's current run.
+func (sh *shard) hintKid(ci uint32, ri int) {
+	r := &sh.chunks[ci].runs[ri]
+	if r.kid != rootID {
+		_, kri := sh.locate(r.kid)
+		r.kidRI = uint16(kri)
+	}
+}
+
 // key returns block id's tokens_hash.
 func (sh *shard) key(id uint32) uint64 { return sh.chunks[id>>chunkBits].keys[id&chunkMask] }
 
@@ -371,7 +406,8 @@ func (sh *shard) alloc(parent uint32, want int) (uint32, int) {
 func (sh *shard) newRun(first uint32, n int, holder, parent uint32) int {
 	ci := first >> chunkBits
 	c := sh.chunks[ci]
-	r := run{off: uint16(first & chunkMask), n: uint16(n), holder: holder, parent: parent, mask: holderWord0(holder)}
+	r := run{off: uint16(first & chunkMask), n: uint16(n), holder: holder, parent: parent}
+	r.setMask(holderWord0(holder))
 	i := len(c.runs)
 	if i > 0 && c.runs[i-1].off > r.off {
 		i, _ = slices.BinarySearchFunc(c.runs, r.off, func(x run, o uint16) int { return int(x.off) - int(o) })
@@ -386,7 +422,7 @@ func (sh *shard) newRun(first uint32, n int, holder, parent uint32) int {
 func (sh *shard) splitRun(ci uint32, ri int, k uint16) {
 	c := sh.chunks[ci]
 	r := c.runs[ri]
-	right := run{off: r.off + k, n: r.n - k, holder: r.holder, parent: blockID(ci, r.off+k-1), kids: r.kids, kid: r.kid, mask: r.mask}
+	right := run{off: r.off + k, n: r.n - k, holder: r.holder, parent: blockID(ci, r.off+k-1), kids: r.kids, kid: r.kid, kidRI: r.kidRI, mask0: r.mask0, mask1: r.mask1}
 	if isMulti(r.holder) {
 		right.holder = sh.splitMulti(r.holder, int(k))
 	}

@@ -10,8 +10,9 @@ import "math/bits"
 //
 // Layout: extendible hashing. The top gd bits of the mixed hash pick a directory slot; each slot
 // points to a bucket of at most extBucketMax entries stored densely (no empty slots, no
-// tombstones: a deletion moves the last entry into the hole), so memory follows the entry count
-// with no load-factor sawtooth. A full bucket splits in two on the next hash bit. An entry's id
+// tombstones: a deletion moves another entry into the hole), so memory follows the entry count
+// with no load-factor sawtooth. Inside a bucket, entries are kept in extParts contiguous
+// partitions by two more hash bits, so a lookup scans a quarter of the bucket. A full bucket splits in two on the next hash bit. An entry's id
 // word carries, above the id, the next hash bits after its bucket's base depth (the split
 // window), so splits need no external hash; when a bucket's depth outruns its window, its
 // entries' external hashes are read back from the tree once to refill the windows. The window
@@ -25,6 +26,8 @@ const (
 	extBucketMax = 256 // entries per bucket before it splits
 	extGrow      = 8   // entries a bucket grows by (at least; see roundAlloc)
 	extFPShift   = 16  // fingerprint = hash bits 16..23 (the directory and windows use the top bits)
+	extParts     = 4   // partitions per bucket, by hash bits 24..25
+	extPartShift = 24
 
 	// A bucket's data is groups of 8 entries: two words holding the eight 8-bit fingerprints,
 	// then the eight id words.
@@ -39,12 +42,32 @@ const (
 	extMinCheck = 2
 )
 
-// extBucket is one bucket of n entries.
+// extBucket is one bucket of n entries; partition j holds entries bound(j) .. bound(j+1)−1.
 type extBucket struct {
-	data  []uint32
-	n     uint16
-	depth uint8 // local depth: the top depth hash bits are the same for every entry
-	base  uint8 // the windows hold hash bits base .. base+32−idBits−1 (from the top)
+	data   []uint32
+	n      uint16
+	bounds [extParts - 1]uint16 // bound(1) .. bound(extParts−1)
+	depth  uint8                // local depth: the top depth hash bits are the same for every entry
+	base   uint8                // the windows hold hash bits base .. base+32−idBits−1 (from the top)
+}
+
+func extPart(h uint64) int { return int(h>>extPartShift) & (extParts - 1) }
+
+// bound returns the first entry of partition j (j = extParts: the end).
+func (b *extBucket) bound(j int) int {
+	switch j {
+	case 0:
+		return 0
+	case extParts:
+		return int(b.n)
+	}
+	return int(b.bounds[j-1])
+}
+
+// move copies entry from to entry to.
+func (b *extBucket) move(from, to int) {
+	b.setID(to, b.id(from))
+	b.setFP(to, b.fp(from))
 }
 
 // extIndex is the directory of one candidate's buckets (empty until the first insert).
@@ -119,28 +142,47 @@ func (b *extBucket) resize(entries int) {
 	b.data = data
 }
 
-// append adds an entry.
-func (b *extBucket) append(idWord uint32, f uint8) {
+// add inserts an entry into partition j: the first entry of each later partition moves to that
+// partition's end to make room.
+func (b *extBucket) add(j int, idWord uint32, f uint8) {
 	n := int(b.n)
 	if n == b.cap() {
 		b.resize(n + extGrow)
 	}
-	b.setID(n, idWord)
-	b.setFP(n, f)
+	hole := n
+	for k := extParts - 1; k > j; k-- {
+		first := b.bound(k)
+		if first != hole {
+			b.move(first, hole)
+		}
+		hole = first
+		b.bounds[k-1]++
+	}
+	b.setID(hole, idWord)
+	b.setFP(hole, f)
 	b.n++
 }
 
-// remove deletes entry i (the last entry takes its place) and shrinks the data when more than
+// remove deletes entry i of partition j (the partition's last entry takes its place, and each
+// later partition's last entry fills the gap before it) and shrinks the data when more than
 // 4·extGrow entries are unused.
-func (b *extBucket) remove(i int) {
-	last := int(b.n) - 1
-	b.setID(i, b.id(last))
-	b.setFP(i, b.fp(last))
-	b.setID(last, 0)
-	b.setFP(last, 0)
+func (b *extBucket) remove(j, i int) {
+	hole := i
+	for k := j; k < extParts; k++ {
+		last := b.bound(k+1) - 1
+		if last != hole {
+			b.move(last, hole)
+		}
+		hole = last
+		if k > j {
+			b.bounds[k-1]--
+		}
+	}
+	b.setID(hole, 0)
+	b.setFP(hole, 0)
 	b.n--
-	if b.cap()-last > 4*extGrow {
-		b.resize(last + extGrow)
+	if b.cap()-int(b.n) > 4*extGrow {
+		b.resize(int(b.n) + extGrow)
 	}
 }
 
@@ -156,13 +198,14 @@ func (sh *shard) extFind(s uint32, ext uint64) (b *extBucket, i int, id uint32, 
 	mask := uint32(1)<<sh.idBits - 1
 	win := window(h, b.base, sh.idBits)
 	want := uint64(f) * lanes8
-	n := int(b.n)
-	for g := 0; g*extGroup < n; g++ {
+	j := extPart(h)
+	lo, hi := b.bound(j), b.bound(j+1)
+	for g := lo / extGroup; g*extGroup < hi; g++ {
 		d := b.data[g*extGroupWords : g*extGroupWords+extGroupWords]
 		v := (uint64(d[0]) | uint64(d[1])<<32) ^ want
 		for t := (v - lanes8) &^ v & high8; t != 0; t &= t - 1 {
 			k := bits.TrailingZeros64(t) / 8
-			if g*extGroup+k >= n || v>>(k*8)&0xff != 0 {
+			if i := g*extGroup + k; i < lo || i >= hi || v>>(k*8)&0xff != 0 {
 				continue
 			}
 			idw := d[2+k]
@@ -184,7 +227,11 @@ func (sh *shard) extSet(b *extBucket, i int, ext uint64, id uint32) {
 
 // extDelete removes slot s's entry (b, i).
 func (sh *shard) extDelete(s uint32, b *extBucket, i int) {
-	b.remove(i)
+	j := 0
+	for i >= b.bound(j+1) {
+		j++
+	}
+	b.remove(j, i)
 	sh.slots[s].ext.count--
 }
 
@@ -199,7 +246,7 @@ func (sh *shard) extInsert(s uint32, ext uint64, id uint32) {
 		ix := x.slot(h)
 		b := x.dir[ix]
 		if b.n < extBucketMax {
-			b.append(id|window(h, b.base, sh.idBits)<<sh.idBits, uint8(h>>extFPShift))
+			b.add(extPart(h), id|window(h, b.base, sh.idBits)<<sh.idBits, uint8(h>>extFPShift))
 			x.count++
 			return
 		}
@@ -220,7 +267,7 @@ func (sh *shard) extSplit(s uint32, ix int) {
 	n := int(b.n)
 	side := make([]bool, n)
 	ones := 0
-	for i := 0; i < n; i++ {
+	for i := 0; i < n; i++ { // partitions stay in order: each half keeps an entry's partition
 		idw := b.id(i)
 		if wb > 0 {
 			side[i] = idw>>sh.idBits>>(wb-1-(d-b.base))&1 == 1
@@ -236,11 +283,13 @@ func (sh *shard) extSplit(s uint32, ix int) {
 	hi := &extBucket{depth: d + 1, base: b.base}
 	lo.resize(n - ones + extGrow)
 	hi.resize(ones + extGrow)
-	for i := 0; i < n; i++ {
-		if side[i] {
-			hi.append(b.id(i), b.fp(i))
-		} else {
-			lo.append(b.id(i), b.fp(i))
+	for j := 0; j < extParts; j++ {
+		for i := b.bound(j); i < b.bound(j+1); i++ {
+			if side[i] {
+				hi.add(j, b.id(i), b.fp(i))
+			} else {
+				lo.add(j, b.id(i), b.fp(i))
+			}
 		}
 	}
 	if d == x.gd {

@@ -99,7 +99,7 @@ func (sh *shard) walk(local []uint64, x uint32, dst []Match) ([]Match, uint32) {
 func (sh *shard) walk1(local []uint64, ci uint32, ri int, dst []Match) []Match {
 	c := sh.chunks[ci]
 	r := &c.runs[ri]
-	set := r.mask
+	set := r.mask()
 	o, d := r.off, 1
 	for {
 		end := r.off + r.n
@@ -119,17 +119,11 @@ func (sh *shard) walk1(local []uint64, ci uint32, ri int, dst []Match) []Match {
 			}
 		}
 		if nri < 0 && r.kids > 0 {
-			// Usually the run's recorded kid: checked without hashing.
-			y := r.kid
-			if y == rootID || sh.key(y) != local[d] {
-				y = rootID
-				if r.kids > 1 || r.kid == rootID {
-					y = sh.kidGet(last, local[d])
+			// Usually the run's recorded kid: found without hashing.
+			if nci, nri = sh.kidRun(r, local[d]); nri < 0 && (r.kids > 1 || r.kid == rootID) {
+				if y := sh.kidGet(last, local[d]); y != rootID {
+					nci, nri = sh.locate(y)
 				}
-			}
-			if y != rootID {
-				nci = y >> chunkBits
-				nri = sh.chunks[nci].find(uint16(y & chunkMask))
 			}
 		}
 		if nri < 0 {
@@ -137,7 +131,7 @@ func (sh *shard) walk1(local []uint64, ci uint32, ri int, dst []Match) []Match {
 		}
 		nc := sh.chunks[nci]
 		nr := &nc.runs[nri]
-		if keep := set & nr.mask; keep != set {
+		if keep := set & nr.mask(); keep != set {
 			dst = sh.emitSet(dst, 0, set&^keep, d, c, r, o, local)
 			if set = keep; set == 0 {
 				return dst
@@ -156,9 +150,11 @@ func (sh *shard) emitSet(dst []Match, w int, set uint64, d int, c *chunk, r *run
 	if set == 0 {
 		return dst
 	}
-	i := len(dst)
-	dst = slices.Grow(dst, bits.OnesCount64(set))
-	dst = dst[:i+bits.OnesCount64(set)]
+	i, k := len(dst), bits.OnesCount64(set)
+	if cap(dst)-i < k {
+		dst = slices.Grow(dst, k)
+	}
+	dst = dst[:i+k]
 	lower := sh.lowerBits[w]
 	for ; set != 0; set &= set - 1 {
 		b := bits.TrailingZeros64(set)

@@ -218,7 +218,7 @@ func (sh *shard) addHolder(ci uint32, ri int, s uint32, exts []uint64) {
 	r := &c.runs[ri]
 	n, base := int(r.n), int(r.off)
 	ext1 := c.ext1[base : base+n]
-	r.mask |= holderWord0(s)
+	r.setMask(r.mask() | holderWord0(s))
 	switch {
 	case r.holder == noHolder:
 		r.holder = s
@@ -264,7 +264,7 @@ func (sh *shard) removeHolder(ci uint32, ri int, s uint32) {
 	r := &c.runs[ri]
 	n, base := int(r.n), int(r.off)
 	ext1 := c.ext1[base : base+n]
-	r.mask &^= holderWord0(s)
+	r.setMask(r.mask() &^ holderWord0(s))
 	if !isMulti(r.holder) {
 		r.holder = noHolder
 		return

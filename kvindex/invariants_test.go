@@ -103,7 +103,7 @@ func checkShard(sh *shard) error {
 			h := sh.holderCount(r.holder)
 			switch {
 			case r.holder == noHolder:
-				if r.mask != 0 {
+				if r.mask() != 0 {
 					return fmt.Errorf("placeholder run %d has a cached word 0", blockID(uint32(ci), r.off))
 				}
 				if !hasChildren(c, uint32(ci), ri) {
@@ -113,8 +113,8 @@ func checkShard(sh *shard) error {
 				if err := sh.checkSlotUsed(r.holder); err != nil {
 					return err
 				}
-				if r.mask != holderWord0(r.holder) {
-					return fmt.Errorf("run %d: cached word 0 %x for holder %d", blockID(uint32(ci), r.off), r.mask, r.holder)
+				if r.mask() != holderWord0(r.holder) {
+					return fmt.Errorf("run %d: cached word 0 %x for holder %d", blockID(uint32(ci), r.off), r.mask(), r.holder)
 				}
 			default:
 				m := sh.multi(r.holder)
@@ -125,8 +125,8 @@ func checkShard(sh *shard) error {
 					}
 					ones += bits.OnesCount64(w)
 				}
-				if w0, _ := m.word(0, 0); w0 != r.mask {
-					return fmt.Errorf("run %d: cached word 0 %x, word 0 %x", blockID(uint32(ci), r.off), r.mask, w0)
+				if w0, _ := m.word(0, 0); w0 != r.mask() {
+					return fmt.Errorf("run %d: cached word 0 %x, word 0 %x", blockID(uint32(ci), r.off), r.mask(), w0)
 				}
 				if ones != m.h || m.h < 2 || len(m.exts) != int(r.n)*(m.h-1) || len(m.widx) != len(m.words) {
 					return fmt.Errorf("multi of run %d: h %d, %d bits, %d exts for %d blocks", blockID(uint32(ci), r.off), m.h, ones, len(m.exts), r.n)
@@ -343,6 +343,11 @@ func (sh *shard) checkExtIndex(s uint32) error {
 				return fmt.Errorf("directory slots %d..%d do not all point to one bucket", i, i+span-1)
 			}
 		}
+		for j := 0; j < extParts; j++ {
+			if b.bound(j) > b.bound(j+1) {
+				return fmt.Errorf("bucket partitions out of order: %v of %d", b.bounds, b.n)
+			}
+		}
 		if int(b.n) > extBucketMax || int(b.n) > b.cap() || len(b.data)%extGroupWords != 0 {
 			return fmt.Errorf("bucket of %d entries, %d words", b.n, len(b.data))
 		}
@@ -360,6 +365,9 @@ func (sh *shard) checkExtIndex(s uint32) error {
 			h := extHash(ext)
 			if x.dir[x.slot(h)] != b {
 				return fmt.Errorf("external hash %d sits in the wrong bucket", ext)
+			}
+			if k < b.bound(extPart(h)) || k >= b.bound(extPart(h)+1) {
+				return fmt.Errorf("external hash %d sits in the wrong partition", ext)
 			}
 			if b.fp(k) != uint8(h>>extFPShift) {
 				return fmt.Errorf("external hash %d has a wrong fingerprint", ext)

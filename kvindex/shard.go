@@ -241,6 +241,9 @@ func (sh *shard) storeChain(s, p uint32, blocks []StoredBlock) (uint32, int) {
 	ri := sh.newRun(a, m, s, p)
 	if a == p+1 && a&chunkMask != 0 {
 		sh.tryMerge(ci, ri-1)
+	} else if p != rootID {
+		pci, pri := sh.locate(p)
+		sh.hintKid(pci, pri)
 	}
 	sh.st.TierEntries[TierDevice] += uint64(m)
 	for j := 0; j < m; j++ {
