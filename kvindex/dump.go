@@ -104,8 +104,17 @@ type jsonRemoved struct {
 
 // UnmarshalJSON decodes the §10 shape. Hashes must be JSON integers in the u64 range; the data
 // variant must be exactly one of stored, removed or "cleared"; otherwise an error names the
-// problem.
+// problem. Input in exactly the layout MarshalJSON writes (what /dump serves) is decoded by a
+// direct scan, about 30 times faster; anything else goes through encoding/json.
 func (re *RouterEvent) UnmarshalJSON(b []byte) error {
+	if decodeCanonical(b, re) {
+		return nil
+	}
+	return re.unmarshalGeneric(b)
+}
+
+// unmarshalGeneric is UnmarshalJSON through encoding/json, for any layout.
+func (re *RouterEvent) unmarshalGeneric(b []byte) error {
 	var j jsonRouterEvent
 	if err := json.Unmarshal(b, &j); err != nil {
 		return fmt.Errorf("router event: %w", err)
@@ -164,6 +173,130 @@ func (re *RouterEvent) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// canonical is a byte scanner for decodeCanonical.
+type canonical struct {
+	b []byte
+	i int
+}
+
+func (p *canonical) lit(s string) bool {
+	if len(p.b)-p.i < len(s) || string(p.b[p.i:p.i+len(s)]) != s {
+		return false
+	}
+	p.i += len(s)
+	return true
+}
+
+// u64 scans a JSON unsigned integer (no sign, fraction, exponent or leading zero) in the u64 range.
+func (p *canonical) u64() (uint64, bool) {
+	start := p.i
+	var v uint64
+	for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
+		d := uint64(p.b[p.i] - '0')
+		if v > (^uint64(0)-d)/10 {
+			return 0, false
+		}
+		v = v*10 + d
+		p.i++
+	}
+	n := p.i - start
+	if n == 0 || n > 1 && p.b[start] == '0' {
+		return 0, false
+	}
+	if p.i < len(p.b) && (p.b[p.i] == '.' || p.b[p.i] == 'e' || p.b[p.i] == 'E') {
+		return 0, false
+	}
+	return v, true
+}
+
+// decodeCanonical decodes b when it is exactly in the layout appendJSON writes (key order, no
+// whitespace, unsigned decimal hashes); it reports false, leaving re alone, for anything else.
+func decodeCanonical(b []byte, re *RouterEvent) bool {
+	p := canonical{b: b}
+	var ev Event
+	var ok bool
+	if !p.lit(`{"worker_id":`) {
+		return false
+	}
+	if ev.WorkerID, ok = p.u64(); !ok || !p.lit(`,"storage_tier":"`) {
+		return false
+	}
+	end := p.i
+	for end < len(b) && b[end] != '"' {
+		end++
+	}
+	tier := string(b[p.i:end])
+	found := false
+	for t, n := range tierNames {
+		if tier == n {
+			ev.Tier, found = Tier(t), true
+		}
+	}
+	if p.i = end; !found || !p.lit(`","event":{"event_id":`) {
+		return false
+	}
+	if ev.EventID, ok = p.u64(); !ok || !p.lit(`,"data":`) {
+		return false
+	}
+	switch {
+	case p.lit(`"cleared"`):
+		ev.Kind = EventCleared
+	case p.lit(`{"stored":{"parent_hash":`):
+		ev.Kind = EventStored
+		if !p.lit("null") {
+			if ev.ParentHash, ok = p.u64(); !ok {
+				return false
+			}
+			ev.HasParent = true
+		}
+		if !p.lit(`,"blocks":[`) {
+			return false
+		}
+		ev.Blocks = []StoredBlock{}
+		for !p.lit("]}}") {
+			if len(ev.Blocks) > 0 && !p.lit(",") {
+				return false
+			}
+			var blk StoredBlock
+			if !p.lit(`{"block_hash":`) {
+				return false
+			}
+			if blk.BlockHash, ok = p.u64(); !ok || !p.lit(`,"tokens_hash":`) {
+				return false
+			}
+			if blk.TokensHash, ok = p.u64(); !ok || !p.lit("}") {
+				return false
+			}
+			ev.Blocks = append(ev.Blocks, blk)
+		}
+	case p.lit(`{"removed":{"block_hashes":[`):
+		ev.Kind = EventRemoved
+		ev.BlockHashes = []uint64{}
+		for !p.lit("]}}") {
+			if len(ev.BlockHashes) > 0 && !p.lit(",") {
+				return false
+			}
+			h, ok := p.u64()
+			if !ok {
+				return false
+			}
+			ev.BlockHashes = append(ev.BlockHashes, h)
+		}
+	default:
+		return false
+	}
+	if !p.lit(`,"dp_rank":`) {
+		return false
+	}
+	rank, ok := p.u64()
+	if !ok || rank > uint64(^uint32(0)) || !p.lit("}}") || p.i != len(b) {
+		return false
+	}
+	ev.DPRank = uint32(rank)
+	*re = RouterEvent(ev)
+	return true
+}
+
 // Dump returns the device tree as single-block Stored events (kv-events-index.md §14.1): a
 // breadth-first walk from the root (children in tokens_hash order, candidates on a node in
 // (worker, dp_rank) order) emitting, for each node and each candidate c on it, a device-tier
@@ -182,10 +315,11 @@ func (ix *Index) Dump() []DumpEvent {
 	return dumpShards(shards)
 }
 
-// dumpRef is one shard's node of a merged dump node, with the slots present on every node from
-// the root to it (nil for the root: everyone).
+// dumpRef is one shard's node of a merged dump node: the block, its run, and the slots present
+// on every node from the root to it (nil for the root: everyone).
 type dumpRef struct {
-	sh     int
+	sh     int32
+	ri     int32
 	id     uint32
 	rooted []uint64
 }
@@ -194,7 +328,7 @@ type dumpRef struct {
 type dumpChild struct {
 	key    uint64
 	ref    dumpRef
-	parent uint32
+	parent dumpRef
 }
 
 // dumpItem is one candidate's entry on a node.
@@ -215,7 +349,7 @@ func dumpShards(shards []*shard) []DumpEvent {
 	backing := make([]StoredBlock, 0, entries)
 	root := make([]dumpRef, len(shards))
 	for i := range shards {
-		root[i] = dumpRef{sh: i, id: rootID}
+		root[i] = dumpRef{sh: int32(i), ri: -1, id: rootID}
 	}
 	queue := [][]dumpRef{root}
 	var kids []dumpChild
@@ -223,9 +357,7 @@ func dumpShards(shards []*shard) []DumpEvent {
 	for qi := 0; qi < len(queue); qi++ {
 		kids = kids[:0]
 		for _, ref := range queue[qi] {
-			shards[ref.sh].children(ref.id, kidsOf[ref.sh], func(key uint64, child uint32) {
-				kids = append(kids, dumpChild{key: key, ref: dumpRef{sh: ref.sh, id: child, rooted: ref.rooted}, parent: ref.id})
-			})
+			kids = shards[ref.sh].appendChildren(kids, ref, kidsOf[ref.sh])
 		}
 		slices.SortFunc(kids, func(a, b dumpChild) int {
 			return cmp.Or(cmp.Compare(a.key, b.key), cmp.Compare(a.ref.sh, b.ref.sh))
@@ -235,27 +367,34 @@ func dumpShards(shards []*shard) []DumpEvent {
 			for n < len(kids) && kids[n].key == kids[0].key {
 				n++
 			}
-			group := make([]dumpRef, 0, n)
+			var group []dumpRef
 			items = items[:0]
 			for _, k := range kids[:n] {
 				sh := shards[k.ref.sh]
-				rooted := sh.rootedBelow(k.ref.rooted, k.ref.id)
-				if rooted == nil {
+				if k.ref.rooted = sh.rootedBelow(k.parent, k.ref); k.ref.rooted == nil {
 					continue
 				}
-				for w, v := range rooted {
+				c := sh.chunks[k.ref.id>>chunkBits]
+				r := &c.runs[k.ref.ri]
+				o := uint16(k.ref.id & chunkMask)
+				for w, v := range k.ref.rooted {
 					for ; v != 0; v &= v - 1 {
 						s := uint32(w<<6 | bits.TrailingZeros64(v))
-						it := dumpItem{cand: sh.slots[s].cand}
-						it.ext, _ = sh.extOf(k.ref.id, s)
-						if k.parent != rootID {
-							it.parentExt, _ = sh.extOf(k.parent, s)
+						it := dumpItem{cand: sh.cands[s]}
+						it.ext, _ = sh.extAt(c, r, o, s)
+						switch {
+						case k.parent.id == rootID:
+						case k.parent.ri == k.ref.ri && k.parent.id>>chunkBits == k.ref.id>>chunkBits:
+							it.parentExt, _ = sh.extAt(c, r, o-1, s)
+							it.hasParent = true
+						default:
+							it.parentExt, _ = sh.extOf(k.parent.id, s)
 							it.hasParent = true
 						}
 						items = append(items, it)
 					}
 				}
-				group = append(group, dumpRef{sh: k.ref.sh, id: k.ref.id, rooted: rooted})
+				group = append(group, k.ref)
 			}
 			slices.SortFunc(items, func(a, b dumpItem) int { return cmpCandidate(a.cand, b.cand) })
 			for _, it := range items {
@@ -292,237 +431,75 @@ func (sh *shard) sortedKids() []kidEntry {
 	return out
 }
 
-// children calls f for every child of block id (or the root): the next id when it continues the
-// chain, then id's kids entries (kidsOf from sortedKids).
-func (sh *shard) children(id uint32, kidsOf []kidEntry, f func(key uint64, child uint32)) {
+// appendChildren appends the children of ref (a block or the root): the next id when it continues
+// the chain, then the block's kids entries (kidsOf from sortedKids).
+func (sh *shard) appendChildren(dst []dumpChild, ref dumpRef, kidsOf []kidEntry) []dumpChild {
+	id := ref.id
 	if id != rootID {
-		ci, ri := sh.locate(id)
+		ci := id >> chunkBits
 		c := sh.chunks[ci]
+		ri := int(ref.ri)
 		r := &c.runs[ri]
 		o := uint16(id & chunkMask)
-		if o+1 < r.off+r.n || primaryNext(c, ci, ri) >= 0 {
-			f(c.keys[o+1], id+1)
+		if o+1 < r.off+r.n {
+			return append(dst, dumpChild{key: c.keys[o+1], ref: dumpRef{sh: ref.sh, ri: ref.ri, id: id + 1, rooted: ref.rooted}, parent: ref})
 		}
-		if r.kids == 0 || o+1 < r.off+r.n {
-			return
+		if nri := primaryNext(c, ci, ri); nri >= 0 {
+			dst = append(dst, dumpChild{key: c.keys[o+1], ref: dumpRef{sh: ref.sh, ri: int32(nri), id: id + 1, rooted: ref.rooted}, parent: ref})
+		}
+		if r.kids == 0 {
+			return dst
 		}
 	}
 	i, _ := slices.BinarySearchFunc(kidsOf, id, func(e kidEntry, p uint32) int { return cmp.Compare(e.parent, p) })
 	for ; i < len(kidsOf) && kidsOf[i].parent == id; i++ {
-		f(kidsOf[i].key, kidsOf[i].child)
+		_, kri := sh.locate(kidsOf[i].child)
+		dst = append(dst, dumpChild{key: kidsOf[i].key, ref: dumpRef{sh: ref.sh, ri: int32(kri), id: kidsOf[i].child, rooted: ref.rooted}, parent: ref})
 	}
+	return dst
 }
 
-// rootedBelow returns the slots on block id that are also in parent (nil = every slot), or nil
-// when there are none. parent itself is returned when it is unchanged.
-func (sh *shard) rootedBelow(parent []uint64, id uint32) []uint64 {
-	ci, ri := sh.locate(id)
-	h := sh.chunks[ci].runs[ri].holder
+// rootedBelow returns the slots of child's rooted set (its parent's, carried in child.rooted;
+// nil = everyone) that hold child, or nil when none does. The parent's set itself is returned
+// when it is unchanged (always inside a run), so sets are shared, not copied.
+func (sh *shard) rootedBelow(parent, child dumpRef) []uint64 {
+	if parent.id != rootID && parent.ri == child.ri && parent.id>>chunkBits == child.id>>chunkBits {
+		return child.rooted
+	}
+	h := sh.chunks[child.id>>chunkBits].runs[child.ri].holder
 	if h == noHolder {
 		return nil
 	}
+	in := child.rooted
+	if in != nil {
+		// Unchanged when every rooted slot holds the child.
+		same := true
+		for w, v := range in {
+			for ; v != 0 && same; v &= v - 1 {
+				same = sh.hasHolder(h, uint32(w<<6|bits.TrailingZeros64(v)))
+			}
+		}
+		if same {
+			return in
+		}
+	}
 	set := make([]uint64, sh.nwords)
 	sh.loadSet(set, h)
-	same, any := true, false
+	any := false
 	for w := range set {
-		if parent != nil {
-			p := uint64(0)
-			if w < len(parent) {
-				p = parent[w]
+		if in != nil {
+			if w < len(in) {
+				set[w] &= in[w]
+			} else {
+				set[w] = 0
 			}
-			same = same && set[w]&p == p
-			set[w] &= p
 		}
 		any = any || set[w] != 0
 	}
 	if !any {
 		return nil
 	}
-	if parent != nil && same && len(parent) == len(set) {
-		return parent
-	}
 	return set
-}
-
-// Restore applies dumped events in order with the normal rules (§14.2); applying to a non-empty
-// index merges. Every event is attempted; the error, if any, reports how many failed and wraps the
-// first failure. Runs of device-tier stores (what Dump emits) are regrouped per candidate into
-// chains before they are applied, so a restored index is as compact as the dumped one; the
-// result equals applying the events one by one (a candidate whose stores reuse an external hash
-// or name a parent stored only later is applied event by event).
-func (ix *Index) Restore(events []RouterEvent) error {
-	r := restorer{ix: ix, firstAt: -1}
-	for i := 0; i < len(events); {
-		if !isDeviceStore(events[i]) {
-			r.note(ix.Apply(Event(events[i])), i)
-			i++
-			continue
-		}
-		j := i + 1
-		for j < len(events) && isDeviceStore(events[j]) {
-			j++
-		}
-		r.stores(events[i:j], i)
-		i = j
-	}
-	if r.first != nil {
-		return fmt.Errorf("restore: %d of %d events failed, first: %w", r.failed, len(events), r.first)
-	}
-	return nil
-}
-
-func isDeviceStore(re RouterEvent) bool {
-	return re.Kind == EventStored && re.Tier == TierDevice
-}
-
-// restorer is the state of one Restore.
-type restorer struct {
-	ix      *Index
-	first   error // the failure of the earliest event (firstAt)
-	firstAt int
-	failed  int
-
-	base   int            // event number of evs[0] in the current run of stores
-	pos    map[uint64]int // a candidate's block hash → index of the event storing it
-	kidsAt map[uint64][]int
-	blocks []StoredBlock
-}
-
-// note records the outcome of event number at.
-func (r *restorer) note(err error, at int) {
-	if err == nil {
-		return
-	}
-	r.failed++
-	if r.firstAt < 0 || at < r.firstAt {
-		r.first, r.firstAt = err, at
-	}
-}
-
-// stores restores a run of device-tier Stored events (the first is event number base),
-// candidate by candidate.
-func (r *restorer) stores(evs []RouterEvent, base int) {
-	r.base = base
-	byCand := make(map[Candidate][]int32)
-	var order []Candidate
-	for i := range evs {
-		c := Event(evs[i]).Candidate()
-		if _, ok := byCand[c]; !ok {
-			order = append(order, c)
-		}
-		byCand[c] = append(byCand[c], int32(i))
-	}
-	for _, c := range order {
-		sh := r.ix.lockWorker(c.WorkerID, true)
-		r.candidate(sh, evs, byCand[c])
-		r.ix.unlockWorker(sh, c.WorkerID)
-	}
-}
-
-// candidate restores one candidate's stores evs[idx...] (in order) into sh (write-locked).
-func (r *restorer) candidate(sh *shard, evs []RouterEvent, idx []int32) {
-	if r.pos == nil {
-		r.pos, r.kidsAt = make(map[uint64]int), make(map[uint64][]int)
-	}
-	clear(r.pos)
-	clear(r.kidsAt)
-	valid := idx[:0:0]
-	chainable := true
-	for _, i := range idx {
-		ev := Event(evs[i])
-		if err := sh.checkStore(ev.Candidate(), ev); err != nil {
-			sh.st.StoresInvalidSequence++
-			r.note(err, r.base+int(i))
-			continue
-		}
-		for _, b := range ev.Blocks {
-			if _, dup := r.pos[b.BlockHash]; dup {
-				chainable = false
-			}
-			r.pos[b.BlockHash] = len(valid)
-		}
-		if ev.HasParent {
-			if _, ok := r.pos[ev.ParentHash]; ok {
-				r.kidsAt[ev.ParentHash] = append(r.kidsAt[ev.ParentHash], len(valid))
-			}
-		}
-		valid = append(valid, i)
-	}
-	for k, i := range valid {
-		// A parent stored only by a later event would resolve differently once chained.
-		if ev := evs[i]; ev.HasParent {
-			if p, ok := r.pos[ev.ParentHash]; ok && p >= k {
-				chainable = false
-			}
-		}
-	}
-	if !chainable {
-		for _, i := range valid {
-			r.note(sh.apply(Event(evs[i])), r.base+int(i))
-		}
-		return
-	}
-	for k, i := range valid {
-		ev := Event(evs[i])
-		if ev.HasParent {
-			if _, inBatch := r.kidsAt[ev.ParentHash]; inBatch && r.pos[ev.ParentHash] < k {
-				continue // applied as part of its parent's chain
-			}
-		}
-		r.chain(sh, evs, valid, k)
-	}
-}
-
-// chain applies event valid[k] and, depth first, the events stored below its blocks: the first
-// child of a chain's last block continues it, other children start chains of their own.
-func (r *restorer) chain(sh *shard, evs []RouterEvent, valid []int32, k int) {
-	type start struct {
-		k          int
-		hasParent  bool
-		parentHash uint64
-	}
-	ev0 := Event(evs[valid[k]])
-	stack := []start{{k, ev0.HasParent, ev0.ParentHash}}
-	var members []int
-	for len(stack) > 0 {
-		st := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		r.blocks = r.blocks[:0]
-		members = members[:0]
-		for k := st.k; ; {
-			ev := Event(evs[valid[k]])
-			members = append(members, k)
-			r.blocks = append(r.blocks, ev.Blocks...)
-			next := -1
-			for bi, b := range ev.Blocks {
-				kids := r.kidsAt[b.BlockHash]
-				for ki, kk := range kids {
-					if bi == len(ev.Blocks)-1 && ki == 0 {
-						next = kk
-						continue
-					}
-					stack = append(stack, start{kk, true, b.BlockHash})
-				}
-			}
-			if next < 0 {
-				break
-			}
-			k = next
-		}
-		c := Event(evs[valid[st.k]]).Candidate()
-		chained := Event{WorkerID: c.WorkerID, DPRank: c.DPRank, Tier: TierDevice, EventID: evs[valid[st.k]].EventID,
-			Kind: EventStored, HasParent: st.hasParent, ParentHash: st.parentHash, Blocks: r.blocks}
-		saved := sh.st
-		if err := sh.apply(chained); err != nil {
-			// The chain's first parent is unknown: apply its events one by one, as given.
-			sh.st = saved
-			for _, m := range members {
-				r.note(sh.apply(Event(evs[valid[m]])), r.base+int(valid[m]))
-			}
-			continue
-		}
-		sh.st.EventsApplied += uint64(len(members) - 1)
-	}
 }
 
 func cmpU64(a, b uint64) int {

@@ -475,7 +475,14 @@ func childKeys(ix *Index, path []uint64) []uint64 {
 			}
 		}
 		if ok {
-			sh.children(x, sh.sortedKids(), func(key uint64, _ uint32) { keys = append(keys, key) })
+			ref := dumpRef{ri: -1, id: x}
+			if x != rootID {
+				_, ri := sh.locate(x)
+				ref.ri = int32(ri)
+			}
+			for _, c := range sh.appendChildren(nil, ref, sh.sortedKids()) {
+				keys = append(keys, c.key)
+			}
 		}
 		sh.mu.RUnlock()
 	}
