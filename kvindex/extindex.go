@@ -147,7 +147,8 @@ func (b *extBucket) resize(entries int) {
 func (b *extBucket) add(j int, idWord uint32, f uint8) {
 	n := int(b.n)
 	if n == b.cap() {
-		b.resize(n + extGrow)
+		// Small buckets double (few reallocations); large ones grow by extGrow (little slack).
+		b.resize(n + max(extGrow, min(n, 64-n)))
 	}
 	hole := n
 	for k := extParts - 1; k > j; k-- {
