@@ -127,7 +127,9 @@ func BenchmarkApplyStored(b *testing.B) { benchApplyStored(b, storeWorkload(1<<1
 // BenchmarkApplyStored1000Workers is BenchmarkApplyStored with the prompts spread over 1,000
 // workers (goal: the same rate). With 8 shared system prompts every shared block ends up held by
 // hundreds of workers, so this also measures adding holders to widely shared runs.
-func BenchmarkApplyStored1000Workers(b *testing.B) { benchApplyStored(b, storeWorkloadFor(1<<18, 1000)) }
+func BenchmarkApplyStored1000Workers(b *testing.B) {
+	benchApplyStored(b, storeWorkloadFor(1<<18, 1000))
+}
 
 func benchApplyStored(b *testing.B, evs []Event) {
 	ix := New(Config{BlockSize: 16})
