@@ -32,7 +32,8 @@ func (sh *shard) findMatches(local []uint64, dst []Match) []Match {
 }
 
 // walk matches local from block x (the root child for local[0]) and returns the extended dst and
-// the holder set of x.
+// the holder set of x. The candidate set is one bitset word for shards of at most 64 slots (the
+// run's cached word 0 is its holder set) and a word per 64 slots otherwise.
 func (sh *shard) walk(local []uint64, x uint32, dst []Match) ([]Match, uint32) {
 	ci, ri := sh.locate(x)
 	c := sh.chunks[ci]
@@ -41,17 +42,18 @@ func (sh *shard) walk(local []uint64, x uint32, dst []Match) ([]Match, uint32) {
 	if first == noHolder {
 		return dst, first // an empty placeholder: nobody matches below it
 	}
-	if sh.nwords <= 1 {
-		return sh.walk1(local, ci, ri, dst), first
-	}
+	small := sh.nwords <= 1
+	set0 := r.mask()
 	var stack [8]uint64
-	var set []uint64 // candidates holding every block so far, one bit per slot
-	if sh.nwords <= len(stack) {
-		set = stack[:sh.nwords]
-	} else {
-		set = make([]uint64, sh.nwords)
+	var set []uint64 // candidates holding every block so far, one bit per slot (large shards)
+	if !small {
+		if sh.nwords <= len(stack) {
+			set = stack[:sh.nwords]
+		} else {
+			set = make([]uint64, sh.nwords)
+		}
+		sh.loadSet(set, r.holder)
 	}
-	sh.loadSet(set, r.holder)
 	o, d := r.off, 1
 	for {
 		end := r.off + r.n
@@ -63,6 +65,8 @@ func (sh *shard) walk(local []uint64, x uint32, dst []Match) ([]Match, uint32) {
 		if d == len(local) || o+1 < end {
 			break // the query ends, or it leaves the run's chain mid-run (no branch there)
 		}
+		// The chain continues in the next id's run, or in a kids-map child (usually the run's
+		// recorded kid, found without hashing).
 		last := blockID(ci, o)
 		nci, nri := ci, -1
 		if ri+1 < len(c.runs) {
@@ -71,55 +75,6 @@ func (sh *shard) walk(local []uint64, x uint32, dst []Match) ([]Match, uint32) {
 			}
 		}
 		if nri < 0 && r.kids > 0 {
-			if y := sh.kidOf(r, last, local[d]); y != rootID {
-				nci, nri = sh.locate(y)
-			}
-		}
-		if nri < 0 {
-			break
-		}
-		nc := sh.chunks[nci]
-		nr := &nc.runs[nri]
-		if nr.holder != r.holder {
-			var alive bool
-			if dst, alive = sh.intersect(dst, set, nr.holder, d, c, r, o, local); !alive {
-				return dst, first
-			}
-		}
-		ci, c, ri, r, o = nci, nc, nri, nr, nr.off
-		d++
-	}
-	for w, v := range set {
-		dst = sh.emitSet(dst, w, v, d, c, r, o, local)
-	}
-	return dst, first
-}
-
-// walk1 is walk for shards whose slots fit one bitset word.
-func (sh *shard) walk1(local []uint64, ci uint32, ri int, dst []Match) []Match {
-	c := sh.chunks[ci]
-	r := &c.runs[ri]
-	set := r.mask()
-	o, d := r.off, 1
-	for {
-		end := r.off + r.n
-		keys := c.keys
-		for d < len(local) && o+1 < end && keys[o+1] == local[d] {
-			o++
-			d++
-		}
-		if d == len(local) || o+1 < end {
-			break
-		}
-		last := blockID(ci, o)
-		nci, nri := ci, -1
-		if ri+1 < len(c.runs) {
-			if nr := &c.runs[ri+1]; nr.off == end && nr.parent == last && keys[end] == local[d] {
-				nri = ri + 1
-			}
-		}
-		if nri < 0 && r.kids > 0 {
-			// Usually the run's recorded kid: found without hashing.
 			if nci, nri = sh.kidRun(r, local[d]); nri < 0 && (r.kids > 1 || r.kid == rootID) {
 				if y := sh.kidGet(last, local[d]); y != rootID {
 					nci, nri = sh.locate(y)
@@ -131,16 +86,29 @@ func (sh *shard) walk1(local []uint64, ci uint32, ri int, dst []Match) []Match {
 		}
 		nc := sh.chunks[nci]
 		nr := &nc.runs[nri]
-		if keep := set & nr.mask(); keep != set {
-			dst = sh.emitSet(dst, 0, set&^keep, d, c, r, o, local)
-			if set = keep; set == 0 {
-				return dst
+		if small {
+			if keep := set0 & nr.mask(); keep != set0 {
+				dst = sh.emitSet(dst, 0, set0&^keep, d, c, r, o, local)
+				if set0 = keep; set0 == 0 {
+					return dst, first
+				}
+			}
+		} else if nr.holder != r.holder {
+			var alive bool
+			if dst, alive = sh.intersect(dst, set, nr.holder, d, c, r, o, local); !alive {
+				return dst, first
 			}
 		}
 		ci, c, ri, r, o = nci, nc, nri, nr, nr.off
 		d++
 	}
-	return sh.emitSet(dst, 0, set, d, c, r, o, local)
+	if small {
+		return sh.emitSet(dst, 0, set0, d, c, r, o, local), first
+	}
+	for w, v := range set {
+		dst = sh.emitSet(dst, w, v, d, c, r, o, local)
+	}
+	return dst, first
 }
 
 // emitSet appends the matches of the slots in bitset word w of set (see fill). The matches are
