@@ -22,7 +22,7 @@ import (
 //
 // Ids not covered by any run are free. They are reused for new chains, preferring the id right
 // after the parent (so a worker extending its chain extends its run), then chunks with freed
-// space, then the arena's tail.
+// space, then the arena's tail (one tail chunk for chains below the root, one for the rest).
 
 const (
 	chunkBits = 12
@@ -378,7 +378,14 @@ func (sh *shard) alloc(parent uint32, want int) (uint32, int) {
 		c.open = false
 		sh.open = sh.open[:len(sh.open)-1]
 	}
-	ci := uint32(len(sh.chunks) - 1)
+	// The arena's tail: new chains below the root (new prompts) and continuations below existing
+	// blocks grow from separate tail chunks, so a continuation usually lands right after its
+	// parent's last id and extends the parent's chain without a kids link.
+	class := 0
+	if parent != rootID {
+		class = 1
+	}
+	ci := sh.tail[class]
 	c := sh.chunks[ci]
 	prev := 0
 	if ci == 0 {
@@ -393,12 +400,14 @@ func (sh *shard) alloc(parent uint32, want int) (uint32, int) {
 		c.ensureIDs(prev + n)
 		return blockID(ci, uint16(prev)), n
 	}
-	ci++
+	// A shard's ids are 32 bits: 2^32 blocks would need 64 GiB of keys alone, far beyond memory.
+	ci = uint32(len(sh.chunks))
 	sh.growIDSpace(ci)
 	c = &chunk{}
 	n := min(chunkSize, want)
 	c.ensureIDs(n)
 	sh.chunks = append(sh.chunks, c)
+	sh.tail[class] = ci
 	return blockID(ci, 0), n
 }
 
@@ -469,7 +478,7 @@ func (sh *shard) tryMerge(ci uint32, i int) bool {
 		sh.freeMulti(b.holder)
 	}
 	a.n += b.n
-	a.kids, a.kid = b.kids, b.kid
+	a.kids, a.kid, a.kidRI = b.kids, b.kid, b.kidRI
 	c.deleteRun(i + 1)
 	return true
 }
@@ -537,7 +546,7 @@ func (sh *shard) prune(x uint32) {
 		if r.n == 0 {
 			c.deleteRun(ri)
 		}
-		if !c.open && int(ci) != len(sh.chunks)-1 && chunkSize-c.used >= openFree {
+		if !c.open && ci != sh.tail[0] && ci != sh.tail[1] && chunkSize-c.used >= openFree {
 			c.open = true
 			sh.open = append(sh.open, ci)
 		}

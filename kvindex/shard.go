@@ -14,7 +14,8 @@ type shard struct {
 	mu sync.RWMutex
 
 	chunks     []*chunk
-	open       []uint32 // chunks (not the last) with at least openFree free ids
+	tail       [2]uint32 // the tail chunks new root chains and new continuations grow from
+	open       []uint32  // chunks (not a tail) with at least openFree free ids
 	multis     []multi
 	freeMultis []uint32
 	kids       map[uint64]uint32 // kidHash → child, for children other than the next id (root children always)
