@@ -21,7 +21,7 @@ import (
 //	                      default "1000x4096,10000x512"; the full-size runs are "1000x131072" and
 //	                      "10000x65536" (see kvindex/README.md for their memory)
 //	KVINDEX_FLEET_DUMP    json (Dump, JSON encode and decode, Restore), events (Dump and Restore,
-//	                      no JSON) or off; default json up to 1 Mi pairs, events above
+//	                      no JSON) or off; default json up to 1 Mi pairs, events up to 8 Mi, off above
 //	KVINDEX_FLEET_SHARDS  Config.Shards of the fleet index (default DefaultShards)
 //	KVINDEX_FLEET_PAR     the fleet of the parallel benchmarks, WORKERSxBLOCKS; default 1000x2048
 func fleetSpecs(tb testing.TB, env, def string) []fleetSpec {
@@ -138,9 +138,13 @@ func runFleet(b *testing.B, spec fleetSpec) {
 
 	mode := os.Getenv("KVINDEX_FLEET_DUMP")
 	if mode == "" {
-		mode = "json"
-		if st.Entries > 1<<20 {
+		switch {
+		case st.Entries <= 1<<20:
+			mode = "json"
+		case st.Entries <= 8<<20:
 			mode = "events"
+		default:
+			mode = "off"
 		}
 	}
 	switch mode {
