@@ -55,7 +55,8 @@ type ApproxConfig struct {
 // Time is always passed in; Approx has no clock. It is safe for concurrent use, with the same
 // locking as Index. Queries have the Index semantics; lower tiers are always empty.
 type Approx struct {
-	ix  *Index // its mutex guards everything below
+	ix  *Index // one shard, sh, whose mutex guards everything below
+	sh  *shard
 	cfg ApproxConfig
 
 	per      map[Candidate]*approxCand
@@ -107,13 +108,15 @@ func NewApprox(cfg ApproxConfig) *Approx {
 	if !(cfg.PruneTargetRatio > 0 && cfg.PruneTargetRatio <= 1) {
 		cfg.PruneTargetRatio = DefaultPruneTargetRatio
 	}
+	ix := New(Config{BlockSize: cfg.BlockSize, Shards: 1})
 	a := &Approx{
-		ix:       New(Config{BlockSize: cfg.BlockSize}),
+		ix:       ix,
+		sh:       ix.shards[0],
 		cfg:      cfg,
 		per:      make(map[Candidate]*approxCand),
 		capacity: make(map[uint64]int),
 	}
-	a.ix.onDrop = a.forget
+	a.sh.onDrop = a.forget
 	return a
 }
 
@@ -133,15 +136,15 @@ func (a *Approx) RecordBooking(c Candidate, localHashes []uint64, now time.Time)
 	if len(localHashes) == 0 {
 		return nil
 	}
-	a.ix.mu.Lock()
-	defer a.ix.mu.Unlock()
+	a.sh.mu.Lock()
+	defer a.sh.mu.Unlock()
 	a.scratch = AppendSequenceHashes(a.scratch[:0], localHashes)
 	a.blocks = a.blocks[:0]
 	for i, h := range localHashes {
 		a.blocks = append(a.blocks, StoredBlock{BlockHash: a.scratch[i], TokensHash: h})
 	}
 	ev := Event{WorkerID: c.WorkerID, DPRank: c.DPRank, Kind: EventStored, Blocks: a.blocks}
-	if err := a.ix.applyLocked(ev); err != nil {
+	if err := a.sh.apply(ev); err != nil {
 		return fmt.Errorf("record booking: %w", err)
 	}
 	a.st.Bookings++
@@ -196,9 +199,9 @@ func (a *Approx) forget(c Candidate, ext uint64) {
 
 // evict removes entry e from the index as if its candidate had sent Removed.
 func (a *Approx) evict(e *approxEntry) {
-	s, ok := a.ix.slotOf[e.c]
-	if ok && a.ix.removeDevice(s, e.ext) {
-		a.ix.releaseIfEmpty(s)
+	s, ok := a.sh.slotOf[e.c]
+	if ok && a.sh.removeOne(s, e.ext) {
+		a.sh.releaseIfEmpty(s)
 		return
 	}
 	a.forget(e.c, e.ext) // bookkeeping without an index entry: drop it alone
@@ -221,11 +224,11 @@ func (a *Approx) enforceCapacity(c Candidate) {
 
 // enforceSize prunes to PruneTargetRatio × MaxTreeSize once the index exceeds MaxTreeSize.
 func (a *Approx) enforceSize() {
-	if a.ix.st.TierEntries[TierDevice] <= uint64(a.cfg.MaxTreeSize) {
+	if a.sh.st.TierEntries[TierDevice] <= uint64(a.cfg.MaxTreeSize) {
 		return
 	}
 	target := uint64(a.cfg.PruneTargetRatio * float64(a.cfg.MaxTreeSize))
-	for a.ix.st.TierEntries[TierDevice] > target && len(a.byExpiry) > 0 {
+	for a.sh.st.TierEntries[TierDevice] > target && len(a.byExpiry) > 0 {
 		a.evict(a.byExpiry[0])
 		a.st.Pruned++
 	}
@@ -234,8 +237,8 @@ func (a *Approx) enforceSize() {
 // ExpireBefore removes every entry whose expiry is at or before now (inserted at least TTL
 // before now and not refreshed since) and returns how many were removed.
 func (a *Approx) ExpireBefore(now time.Time) int {
-	a.ix.mu.Lock()
-	defer a.ix.mu.Unlock()
+	a.sh.mu.Lock()
+	defer a.sh.mu.Unlock()
 	t := now.UnixNano()
 	n := 0
 	for len(a.byExpiry) > 0 && a.byExpiry[0].expiry <= t {
@@ -250,8 +253,8 @@ func (a *Approx) ExpireBefore(now time.Time) int {
 // (the worker's total_kv_blocks); blocks <= 0 removes the limit. Candidates already above the new
 // capacity are trimmed at once. Without the LRU policy the capacity is recorded but unused.
 func (a *Approx) SetWorkerCapacity(workerID uint64, blocks int) {
-	a.ix.mu.Lock()
-	defer a.ix.mu.Unlock()
+	a.sh.mu.Lock()
+	defer a.sh.mu.Unlock()
 	if blocks <= 0 {
 		delete(a.capacity, workerID)
 		return
@@ -267,18 +270,18 @@ func (a *Approx) SetWorkerCapacity(workerID uint64, blocks int) {
 // Clear removes one candidate's entries, as a Cleared event would (§11.4); other ranks of the
 // same worker keep theirs.
 func (a *Approx) Clear(c Candidate) {
-	a.ix.mu.Lock()
-	defer a.ix.mu.Unlock()
-	if s, ok := a.ix.slotOf[c]; ok {
-		a.ix.clearSlot(s)
+	a.sh.mu.Lock()
+	defer a.sh.mu.Unlock()
+	if s, ok := a.sh.slotOf[c]; ok {
+		a.sh.clearSlot(s)
 	}
 }
 
 // RemoveWorker removes every rank of workerID (see Index.RemoveWorker) and its capacity.
 func (a *Approx) RemoveWorker(workerID uint64) {
-	a.ix.mu.Lock()
-	defer a.ix.mu.Unlock()
-	a.ix.removeWorkerLocked(workerID)
+	a.sh.mu.Lock()
+	defer a.sh.mu.Unlock()
+	a.sh.removeWorker(workerID)
 	delete(a.capacity, workerID)
 }
 
@@ -289,7 +292,17 @@ func (a *Approx) FindMatches(localHashes []uint64, dst []Match) []Match {
 
 // ExternalHashes is Index.ExternalHashes; the ids are sequence hashes.
 func (a *Approx) ExternalHashes(c Candidate, localHashes []uint64, n int) []uint64 {
-	return a.ix.ExternalHashes(c, localHashes, n)
+	n = min(n, len(localHashes))
+	if n <= 0 {
+		return nil
+	}
+	a.sh.mu.RLock()
+	defer a.sh.mu.RUnlock()
+	s, ok := a.sh.slotOf[c]
+	if !ok {
+		return nil
+	}
+	return a.sh.externalHashes(s, localHashes, n)
 }
 
 // Dump is Index.Dump of the recorded entries (§14.1).
@@ -299,14 +312,14 @@ func (a *Approx) Dump() []DumpEvent { return a.ix.Dump() }
 // Removed and Cleared events are applied too. The error reports failed events as in
 // Index.Restore.
 func (a *Approx) Restore(events []RouterEvent, now time.Time) error {
-	a.ix.mu.Lock()
-	defer a.ix.mu.Unlock()
+	a.sh.mu.Lock()
+	defer a.sh.mu.Unlock()
 	expiry := now.Add(a.cfg.TTL).UnixNano()
 	var first error
 	failed := 0
 	for _, re := range events {
 		ev := Event(re)
-		if err := a.ix.applyLocked(ev); err != nil {
+		if err := a.sh.apply(ev); err != nil {
 			failed++
 			if first == nil {
 				first = err
@@ -338,11 +351,10 @@ func (a *Approx) Restore(events []RouterEvent, now time.Time) error {
 
 // Stats returns the counters.
 func (a *Approx) Stats() ApproxStats {
-	a.ix.mu.RLock()
-	defer a.ix.mu.RUnlock()
+	a.sh.mu.RLock()
+	defer a.sh.mu.RUnlock()
 	s := a.st
-	s.Stats = a.ix.st
-	s.Entries = s.TierEntries[TierDevice]
+	s.Stats = a.sh.stats()
 	return s
 }
 

@@ -29,27 +29,29 @@ func amatches(a *Approx, q ...uint64) []Match { return sortMatches(a.FindMatches
 // checkApprox verifies the index invariants plus: the bookkeeping holds exactly the candidates'
 // lookup entries, the heap indices are right, and each recency list has every entry once.
 func checkApprox(a *Approx) error {
-	if err := checkInvariants(a.ix); err != nil {
+	a.sh.mu.RLock()
+	err := checkShard(a.sh)
+	a.sh.mu.RUnlock()
+	if err != nil {
 		return err
 	}
-	a.ix.mu.RLock()
-	defer a.ix.mu.RUnlock()
+	a.sh.mu.RLock()
+	defer a.sh.mu.RUnlock()
 	total := 0
 	for c, pc := range a.per {
-		s, ok := a.ix.slotOf[c]
+		s, ok := a.sh.slotOf[c]
 		if !ok {
 			return fmt.Errorf("bookkeeping for %v, which has no slot", c)
 		}
-		lookup := a.ix.slots[s].lookup
-		if len(lookup) != len(pc.entries) {
-			return fmt.Errorf("%v: %d lookup entries, %d bookkeeping entries", c, len(lookup), len(pc.entries))
+		if got := a.sh.slots[s].ext.count; got != len(pc.entries) {
+			return fmt.Errorf("%v: %d lookup entries, %d bookkeeping entries", c, got, len(pc.entries))
 		}
 		n := 0
 		for e := pc.head; e != nil; e = e.next {
 			if pc.entries[e.ext] != e {
 				return fmt.Errorf("%v: recency list holds a stale entry", c)
 			}
-			if _, ok := lookup[e.ext]; !ok {
+			if _, _, _, ok := a.sh.extFind(s, e.ext); !ok {
 				return fmt.Errorf("%v: entry %d is not in the lookup", c, e.ext)
 			}
 			n++
@@ -59,8 +61,8 @@ func checkApprox(a *Approx) error {
 		}
 		total += n
 	}
-	for c, s := range a.ix.slotOf {
-		if len(a.ix.slots[s].lookup) > 0 && a.per[c] == nil {
+	for c, s := range a.sh.slotOf {
+		if a.sh.slots[s].ext.count > 0 && a.per[c] == nil {
 			return fmt.Errorf("%v has entries without bookkeeping", c)
 		}
 	}

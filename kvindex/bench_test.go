@@ -86,9 +86,12 @@ func latencyPercentiles(n int, f func()) (p50, p99 time.Duration) {
 // Each worker (of 16) serves prompts of 32 blocks whose first half comes from one of 8 shared
 // system prompts and whose second half is new; every prompt is stored as two events, the second
 // below the first (parent hash), as engines report prefill in chunks.
-func storeWorkload(nBlocks int) []Event {
+func storeWorkload(nBlocks int) []Event { return storeWorkloadFor(nBlocks, 16) }
+
+// storeWorkloadFor is storeWorkload over the given number of workers.
+func storeWorkloadFor(nBlocks, workers int) []Event {
 	r := rand.New(rand.NewPCG(3, 4))
-	const workers, half = 16, 16
+	const half = 16
 	var shared [8][half]uint64
 	for i := range shared {
 		for j := range shared[i] {
@@ -119,8 +122,16 @@ func storeWorkload(nBlocks int) []Event {
 
 // BenchmarkApplyStored measures device-tier Stored application on one core in blocks/s
 // (goal ≥ 5 M blocks/s). The index is rebuilt (untimed) whenever the prepared workload runs out.
-func BenchmarkApplyStored(b *testing.B) {
-	evs := storeWorkload(1 << 18)
+func BenchmarkApplyStored(b *testing.B) { benchApplyStored(b, storeWorkload(1<<18)) }
+
+// BenchmarkApplyStored1000Workers is BenchmarkApplyStored with the prompts spread over 1,000
+// workers (goal: the same rate). With 8 shared system prompts every shared block ends up held by
+// hundreds of workers, so this also measures adding holders to widely shared runs.
+func BenchmarkApplyStored1000Workers(b *testing.B) {
+	benchApplyStored(b, storeWorkloadFor(1<<18, 1000))
+}
+
+func benchApplyStored(b *testing.B, evs []Event) {
 	ix := New(Config{BlockSize: 16})
 	next := 0
 	blocks := 0

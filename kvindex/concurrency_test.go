@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -24,18 +25,24 @@ func step(ix *Index, ev Event) {
 // worker's events in order, while other goroutines query. The race detector must stay quiet and
 // the final state must equal a serial application of the same per-worker streams.
 func TestConcurrentPerWorkerApplication(t *testing.T) {
+	for _, cfg := range []Config{{BlockSize: 16}, {BlockSize: 16, Shards: 4, ShardWorkers: 1}} {
+		t.Run(fmt.Sprintf("shards=%d", cfg.Shards), func(t *testing.T) { testConcurrentPerWorker(t, cfg) })
+	}
+}
+
+func testConcurrentPerWorker(t *testing.T, cfg Config) {
 	const workers = 6
 	r := rand.New(rand.NewPCG(42, 43))
-	cfg := genConfig{workers: workers, ranks: 2, toks: 5, exts: 12, lowerTiers: true}
+	gen := genConfig{workers: workers, ranks: 2, toks: 5, exts: 12, lowerTiers: true}
 	streams := make([][]Event, workers+1)
-	for _, ev := range genEvents(r, cfg, 6000) {
+	for _, ev := range genEvents(r, gen, 6000) {
 		streams[ev.WorkerID] = append(streams[ev.WorkerID], ev)
 		if r.IntN(300) == 0 {
 			streams[ev.WorkerID] = append(streams[ev.WorkerID], Event{WorkerID: ev.WorkerID, Kind: removeWorkerKind})
 		}
 	}
 
-	ix := New(Config{BlockSize: 16})
+	ix := New(cfg)
 	var stop atomic.Bool
 	var readers sync.WaitGroup
 	for g := 0; g < 3; g++ {
@@ -47,7 +54,7 @@ func TestConcurrentPerWorkerApplication(t *testing.T) {
 			for i := 0; i < 2000 && !stop.Load(); i++ {
 				q := make([]uint64, 1+rr.IntN(8))
 				for j := range q {
-					q[j] = uint64(rr.IntN(cfg.toks))
+					q[j] = uint64(rr.IntN(gen.toks))
 				}
 				dst = ix.FindMatches(q, dst[:0])
 				for _, m := range dst {
@@ -92,7 +99,7 @@ func TestConcurrentPerWorkerApplication(t *testing.T) {
 		if err := checkInvariants(ix); err != nil {
 			t.Fatal(err)
 		}
-		for _, q := range append(genPrompts(r, serial, cfg.toks, 200), genPrompts(r, ix, cfg.toks, 200)...) {
+		for _, q := range append(genPrompts(r, serial, gen.toks, 200), genPrompts(r, ix, gen.toks, 200)...) {
 			if diff := cmp.Diff(matches(serial, q...), matches(ix, q...)); diff != "" {
 				t.Fatalf("query %v (-serial +concurrent):\n%s", q, diff)
 			}

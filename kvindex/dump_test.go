@@ -278,3 +278,74 @@ func TestNamesAndAccessors(t *testing.T) {
 		}
 	})
 }
+
+// TestCanonicalDecodeMatchesEncodingJSON: for random events of every kind and tier, the direct
+// scan of the canonical encoding and the generic encoding/json path decode to the same event, and
+// the scan declines (leaving the generic path to decide) every input that is not exactly
+// canonical.
+func TestCanonicalDecodeMatchesEncodingJSON(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 9))
+	hash := func() uint64 {
+		switch r.IntN(4) {
+		case 0:
+			return 0
+		case 1:
+			return ^uint64(0)
+		}
+		return r.Uint64() >> r.IntN(64)
+	}
+	for i := 0; i < 2000; i++ {
+		ev := Event{WorkerID: hash(), DPRank: uint32(hash()), Tier: Tier(r.IntN(numTiers)), EventID: hash(), Kind: EventKind(1 + r.IntN(3))}
+		switch ev.Kind {
+		case EventStored:
+			ev.HasParent = r.IntN(2) == 0
+			if ev.HasParent {
+				ev.ParentHash = hash()
+			}
+			ev.Blocks = []StoredBlock{}
+			for n := r.IntN(4); n > 0; n-- {
+				ev.Blocks = append(ev.Blocks, StoredBlock{BlockHash: hash(), TokensHash: hash()})
+			}
+		case EventRemoved:
+			ev.BlockHashes = []uint64{}
+			for n := r.IntN(4); n > 0; n-- {
+				ev.BlockHashes = append(ev.BlockHashes, hash())
+			}
+		}
+		b, err := json.Marshal(RouterEvent(ev))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fast RouterEvent
+		if !decodeCanonical(b, &fast) {
+			t.Fatalf("canonical encoding %s was not scanned", b)
+		}
+		generic := decodeGeneric(t, b)
+		if diff := cmp.Diff(generic, Event(fast)); diff != "" {
+			t.Fatalf("%s (-encoding/json +scan):\n%s", b, diff)
+		}
+		if diff := cmp.Diff(ev, Event(fast)); diff != "" {
+			t.Fatalf("%s (-encoded +decoded):\n%s", b, diff)
+		}
+		// Any single-byte change is either still exactly canonical (and then decoded like
+		// encoding/json decodes it) or declined.
+		m := []byte(string(b))
+		m[r.IntN(len(m))] = "0123456789 ,:{}[]\"-.enul"[r.IntN(24)]
+		var got RouterEvent
+		if decodeCanonical(m, &got) {
+			if diff := cmp.Diff(decodeGeneric(t, m), Event(got)); diff != "" {
+				t.Fatalf("mutated %s (-encoding/json +scan):\n%s", m, diff)
+			}
+		}
+	}
+}
+
+// decodeGeneric decodes b with the encoding/json path of RouterEvent.UnmarshalJSON.
+func decodeGeneric(t *testing.T, b []byte) Event {
+	t.Helper()
+	var re RouterEvent
+	if err := re.unmarshalGeneric(b); err != nil {
+		t.Fatalf("encoding/json rejects %s: %v", b, err)
+	}
+	return Event(re)
+}

@@ -71,9 +71,11 @@ func decodeOps(data []byte) []Event {
 	return evs
 }
 
-// FuzzApply applies a random event stream and checks: no panic; the structural invariants and
-// Stats entry counts against a recount; agreement with the reference model; no match longer than
-// its query; and that the dump survives JSON and restores to the same device-tier answers.
+// FuzzApply applies a random event stream to a single-shard index and to one spreading every
+// worker over its own shard, and checks: no panic; the structural invariants and Stats entry
+// counts against a recount; agreement with the reference model and between the two indexes
+// (errors, counters, matches, dumps); no match longer than its query; and that the dump survives
+// JSON and restores to the same device-tier answers.
 func FuzzApply(f *testing.F) {
 	f.Add([]byte{0x00, 0x00, 0x03, 0x10, 0x21, 0x32})
 	f.Add([]byte{0x00, 0x00, 0x02, 0x10, 0x21, 0x04, 0x00, 0x02, 0x10, 0x21, 0x02, 0x00, 0x00})
@@ -81,19 +83,29 @@ func FuzzApply(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		evs := decodeOps(data)
 		ix, m := New(Config{BlockSize: 4}), newModel()
+		sharded := New(Config{BlockSize: 4, Shards: 4, ShardWorkers: 1})
 		for _, ev := range evs {
 			if ev.Kind == removeWorkerKind {
 				ix.RemoveWorker(ev.WorkerID)
+				sharded.RemoveWorker(ev.WorkerID)
 				m.removeWorker(ev.WorkerID)
 				continue
 			}
-			_ = ix.Apply(ev)
+			err := ix.Apply(ev)
+			if err2 := sharded.Apply(ev); (err == nil) != (err2 == nil) {
+				t.Fatalf("event %+v: error %v, sharded %v", ev, err, err2)
+			}
 			if ev.Tier < numTiers {
 				m.apply(ev)
 			}
 		}
-		if err := checkInvariants(ix); err != nil {
-			t.Fatal(err)
+		for _, x := range []*Index{ix, sharded} {
+			if err := checkInvariants(x); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if diff := cmp.Diff(ix.Stats(), sharded.Stats()); diff != "" {
+			t.Fatalf("stats (-single +sharded):\n%s", diff)
 		}
 		if got, want := ix.Stats().Entries, m.entries(); got != want {
 			t.Fatalf("entries %d, model %d", got, want)
@@ -106,17 +118,20 @@ func FuzzApply(f *testing.F) {
 			}
 			queries = append(queries, q)
 		}
-		ix.mu.RLock()
-		for n := ix.root.child0; n != nil; n = n.child0 {
-			if len(queries[0]) < 12 {
-				queries[0] = append(queries[0], n.key)
+		for len(queries[0]) < 12 {
+			keys := childKeys(ix, queries[0])
+			if len(keys) == 0 {
+				break
 			}
+			queries[0] = append(queries[0], keys[0])
 		}
-		ix.mu.RUnlock()
 
 		raw, err := json.Marshal(ix.Dump())
 		if err != nil {
 			t.Fatal(err)
+		}
+		if raw2, _ := json.Marshal(sharded.Dump()); string(raw2) != string(raw) {
+			t.Fatal("the sharded index dumps differently")
 		}
 		var dumped []RouterEvent
 		if err := json.Unmarshal(raw, &dumped); err != nil {
@@ -135,6 +150,9 @@ func FuzzApply(f *testing.F) {
 			}
 			if diff := cmp.Diff(m.findMatches(q), got); diff != "" {
 				t.Fatalf("query %v (-model +index):\n%s", q, diff)
+			}
+			if diff := cmp.Diff(got, matches(sharded, q...)); diff != "" {
+				t.Fatalf("query %v (-single +sharded):\n%s", q, diff)
 			}
 			if diff := cmp.Diff(deviceOnly(got), matches(restored, q...)); diff != "" {
 				t.Fatalf("query %v (-original +restored):\n%s", q, diff)

@@ -290,8 +290,8 @@ func TestRemovedRules(t *testing.T) {
 			store(wA, TierDevice, nil, chainBlocks(100, 1, 2, 3)),
 			removed(wA, TierDevice, 101, 102), // 1 and 2 stay as placeholders above 3
 			removed(wA, TierDevice, 103))      // 3 goes, and the placeholders with it
-		if ix.root.child0 != nil {
-			t.Fatal("emptied nodes are still attached")
+		if n := blockCount(ix); n != 0 {
+			t.Fatalf("%d emptied blocks are still allocated", n)
 		}
 		if st := ix.Stats(); st.Entries != 0 || st.Candidates != 0 {
 			t.Fatalf("stats %+v", st)
@@ -479,15 +479,22 @@ func TestManyCandidatesUseSpilledBitsets(t *testing.T) {
 		if got[len(got)-1] != (Match{Candidate: c, Device: 1}) {
 			t.Fatalf("new candidate matched %v", got[len(got)-1])
 		}
-		ix.mu.RLock()
-		s := ix.slotOf[c]
-		nw := ix.nwords
-		ix.mu.RUnlock()
-		if s != 0 {
-			t.Fatalf("new candidate got slot %d, want the lowest free slot 0", s)
+		// Workers 1..64 filled shard 0 and all left: the new worker fills it again, in the
+		// lowest free slot.
+		k := ix.shardIndex(c.WorkerID, false)
+		sh := ix.shards[k]
+		sh.mu.RLock()
+		s := sh.slotOf[c]
+		nw := sh.nwords
+		sh.mu.RUnlock()
+		if k != 0 || s != 0 {
+			t.Fatalf("new candidate got shard %d slot %d, want shard 0 slot 0", k, s)
 		}
-		if nw != 4 {
+		if nw != 1 {
 			t.Fatalf("nwords %d", nw)
+		}
+		if err := checkInvariants(ix); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

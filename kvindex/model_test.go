@@ -1,7 +1,6 @@
 package kvindex
 
 import (
-	"cmp"
 	"math/rand/v2"
 	"slices"
 )
@@ -344,25 +343,19 @@ func genEvents(r *rand.Rand, cfg genConfig, n int) []Event {
 // are exercised) and random token-hash sequences.
 func genPrompts(r *rand.Rand, ix *Index, toks, n int) [][]uint64 {
 	var out [][]uint64
-	ix.mu.RLock()
 	for i := 0; i < n; i++ {
 		var q []uint64
-		cur := ix.root
 		for len(q) < 12 {
-			var kids []*node
-			cur.forEachChild(func(c *node) { kids = append(kids, c) })
+			kids := childKeys(ix, q)
 			if len(kids) == 0 || r.IntN(8) == 0 {
 				break
 			}
-			slices.SortFunc(kids, func(a, b *node) int { return cmp.Compare(a.key, b.key) })
-			cur = kids[r.IntN(len(kids))]
-			q = append(q, cur.key)
+			q = append(q, kids[r.IntN(len(kids))])
 		}
 		for r.IntN(3) != 0 {
 			q = append(q, uint64(r.IntN(toks)))
 		}
 		out = append(out, q)
 	}
-	ix.mu.RUnlock()
 	return out
 }

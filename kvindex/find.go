@@ -1,0 +1,226 @@
+package kvindex
+
+import (
+	"math/bits"
+	"slices"
+)
+
+// findMatches appends the shard's matches for local (see Index.FindMatches). The walk compares
+// keys block by block inside a run and intersects the candidate set only where a new run starts,
+// so its cost is the matched depth plus the holders of the runs on the path (a word per 64 slots
+// for sets of more than one holder), whatever the pool size. It stops as soon as no candidate
+// is left (§11.5 early exit with early_exit = false).
+func (sh *shard) findMatches(local []uint64, dst []Match) []Match {
+	if len(local) == 0 {
+		return dst
+	}
+	first := noHolder // holders of the first block: the candidates with Device ≥ 1
+	if x := sh.kidGet(rootID, local[0]); x != rootID {
+		dst, first = sh.walk(local, x, dst)
+	}
+	for _, s := range sh.lowerRoot[local[0]] {
+		if sh.hasHolder(first, s) {
+			continue
+		}
+		m := Match{Candidate: sh.slots[s].cand}
+		sh.extend(&m, s, 0, true, local, 0)
+		if m.Blocks() > 0 {
+			dst = append(dst, m)
+		}
+	}
+	return dst
+}
+
+// walk matches local from block x (the root child for local[0]) and returns the extended dst and
+// the holder set of x. The candidate set is one bitset word for shards of at most 64 slots (the
+// run's cached word 0 is its holder set) and a word per 64 slots otherwise.
+func (sh *shard) walk(local []uint64, x uint32, dst []Match) ([]Match, uint32) {
+	ci, ri := sh.locate(x)
+	c := sh.chunks[ci]
+	r := &c.runs[ri]
+	first := r.holder
+	if first == noHolder {
+		return dst, first // an empty placeholder: nobody matches below it
+	}
+	small := sh.nwords <= 1
+	set0 := r.mask()
+	var stack [8]uint64
+	var set []uint64 // candidates holding every block so far, one bit per slot (large shards)
+	if !small {
+		if sh.nwords <= len(stack) {
+			set = stack[:sh.nwords]
+		} else {
+			set = make([]uint64, sh.nwords)
+		}
+		sh.loadSet(set, r.holder)
+	}
+	o, d := r.off, 1
+	for {
+		end := r.off + r.n
+		keys := c.keys
+		for d < len(local) && o+1 < end && keys[o+1] == local[d] {
+			o++
+			d++
+		}
+		if d == len(local) || o+1 < end {
+			break // the query ends, or it leaves the run's chain mid-run (no branch there)
+		}
+		// The chain continues in the next id's run, or in a kids-map child (usually the run's
+		// recorded kid, found without hashing).
+		last := blockID(ci, o)
+		nci, nri := ci, -1
+		if ri+1 < len(c.runs) {
+			if nr := &c.runs[ri+1]; nr.off == end && nr.parent == last && keys[end] == local[d] {
+				nri = ri + 1
+			}
+		}
+		if nri < 0 && r.kids > 0 {
+			if nci, nri = sh.kidRun(r, local[d]); nri < 0 && (r.kids > 1 || r.kid == rootID) {
+				if y := sh.kidGet(last, local[d]); y != rootID {
+					nci, nri = sh.locate(y)
+				}
+			}
+		}
+		if nri < 0 {
+			break
+		}
+		nc := sh.chunks[nci]
+		nr := &nc.runs[nri]
+		if small {
+			if keep := set0 & nr.mask(); keep != set0 {
+				dst = sh.emitSet(dst, 0, set0&^keep, d, c, r, o, local)
+				if set0 = keep; set0 == 0 {
+					return dst, first
+				}
+			}
+		} else if nr.holder != r.holder {
+			var alive bool
+			if dst, alive = sh.intersect(dst, set, nr.holder, d, c, r, o, local); !alive {
+				return dst, first
+			}
+		}
+		ci, c, ri, r, o = nci, nc, nri, nr, nr.off
+		d++
+	}
+	if small {
+		return sh.emitSet(dst, 0, set0, d, c, r, o, local), first
+	}
+	for w, v := range set {
+		dst = sh.emitSet(dst, w, v, d, c, r, o, local)
+	}
+	return dst, first
+}
+
+// emitSet appends the matches of the slots in bitset word w of set (see fill). The matches are
+// written field by field in place: building each on the stack and copying it stalls on store
+// forwarding.
+func (sh *shard) emitSet(dst []Match, w int, set uint64, d int, c *chunk, r *run, o uint16, local []uint64) []Match {
+	if set == 0 {
+		return dst
+	}
+	i, k := len(dst), bits.OnesCount64(set)
+	if cap(dst)-i < k {
+		dst = slices.Grow(dst, k)
+	}
+	dst = dst[:i+k]
+	lower := sh.lowerBits[w]
+	for ; set != 0; set &= set - 1 {
+		b := bits.TrailingZeros64(set)
+		m := &dst[i]
+		i++
+		m.Candidate = sh.cands[w<<6|b]
+		m.Device = uint32(d)
+		m.HostExt, m.DiskExt, m.ExternalExt = 0, 0, 0
+		if lower&(1<<b) != 0 {
+			ext, _ := sh.extAt(c, r, o, uint32(w<<6|b))
+			sh.extend(m, uint32(w<<6|b), ext, false, local, d)
+		}
+	}
+	return dst
+}
+
+// loadSet writes holder set h into set (one bit per slot).
+func (sh *shard) loadSet(set []uint64, h uint32) {
+	clear(set)
+	switch {
+	case h == noHolder:
+	case !isMulti(h):
+		set[h>>6] = 1 << (h & 63)
+	default:
+		m := sh.multi(h)
+		for j, w := range m.widx {
+			set[w] = m.words[j]
+		}
+	}
+}
+
+// intersect keeps in set only the holders of h, emitting the others with d device blocks (their
+// last matched block is offset o of run r in chunk c). It reports whether anyone is left.
+func (sh *shard) intersect(dst []Match, set []uint64, h uint32, d int, c *chunk, r *run, o uint16, local []uint64) ([]Match, bool) {
+	var m *multi
+	if isMulti(h) {
+		m = sh.multi(h)
+	}
+	alive := false
+	j := 0
+	for w, v := range set {
+		if v == 0 {
+			continue
+		}
+		var keep uint64
+		switch {
+		case m != nil:
+			keep, j = m.word(uint16(w), j)
+		case h != noHolder && int(h>>6) == w:
+			keep = 1 << (h & 63)
+		}
+		keep &= v
+		dst = sh.emitSet(dst, w, v&^keep, d, c, r, o, local)
+		set[w] = keep
+		alive = alive || keep != 0
+	}
+	return dst, alive
+}
+
+// externalHashes returns slot s's external hashes on the first n blocks of local it holds
+// consecutively from the root (see Index.ExternalHashes).
+func (sh *shard) externalHashes(s uint32, local []uint64, n int) []uint64 {
+	x := sh.kidGet(rootID, local[0])
+	if x == rootID {
+		return nil
+	}
+	ci, ri := sh.locate(x)
+	c := sh.chunks[ci]
+	r := &c.runs[ri]
+	if !sh.hasHolder(r.holder, s) {
+		return nil
+	}
+	out := make([]uint64, 0, n)
+	o := r.off
+	for {
+		ext, _ := sh.extAt(c, r, o, s)
+		out = append(out, ext)
+		if len(out) == n {
+			return out
+		}
+		d := len(out)
+		if o+1 < r.off+r.n {
+			if c.keys[o+1] != local[d] {
+				return out
+			}
+			o++
+			continue
+		}
+		y := sh.childOf(blockID(ci, o), local[d])
+		if y == rootID {
+			return out
+		}
+		ci, ri = sh.locate(y)
+		c = sh.chunks[ci]
+		r = &c.runs[ri]
+		if !sh.hasHolder(r.holder, s) {
+			return out
+		}
+		o = r.off
+	}
+}
