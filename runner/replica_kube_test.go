@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -133,14 +134,10 @@ func TestKubernetesEPPWithPoolAndPeers(t *testing.T) {
 		}
 	}()
 	status := healthChecker(ctx, t, started.Addrs().Health)
+	deadline, _ := ctx.Deadline()
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for !cond() {
-			if ctx.Err() != nil {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		waitUntil(t, deadline, what, cond, func() string { return "" })
 	}
 	waitFor("readiness SERVING", func() bool { return status("readiness") == healthpb.HealthCheckResponse_SERVING })
 	if st := started.Pool().Stats(); st.Registered != 1 || st.Candidates != 1 {
@@ -346,12 +343,9 @@ func TestPeerDiscoveryHonoursTheRESTConfigOverride(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s; the override API server saw %v; logs:\n%s", what, api.paths(), logs.String())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		waitUntil(t, deadline, what, cond, func() string {
+			return fmt.Sprintf("; the override API server saw %v; replica peers %v; logs:\n%s", api.paths(), inst.replica.m.Peers(), logs.String())
+		})
 	}
 	const list = "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices?"
 	waitFor("a list or watch of the peer Service's EndpointSlices on the override", func() bool {
@@ -363,9 +357,17 @@ func TestPeerDiscoveryHonoursTheRESTConfigOverride(t *testing.T) {
 		return strings.Contains(logs.String(), "RBAC forbids listing or watching *v1.EndpointSlice in namespace ns")
 	})
 	api.allowed.Store(true)
-	for got := inst.replica.m.Peers(); !slices.Equal(got, []string{"tcp://192.0.2.10:19092"}); got = inst.replica.m.Peers() {
+	waitFor("the slice's peer registered after the grant (POD_IP excluded)", func() bool {
+		return slices.Equal(inst.replica.m.Peers(), []string{"tcp://192.0.2.10:19092"})
+	})
+}
+
+// waitUntil polls cond every 20 ms until it holds, failing t at deadline with what and detail().
+func waitUntil(t *testing.T, deadline time.Time, what string, cond func() bool, detail func() string) {
+	t.Helper()
+	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("replica peers %v after the grant, want the slice's peer (POD_IP excluded); requests %v\n%s", got, api.paths(), logs.String())
+			t.Fatalf("timed out waiting for %s%s", what, detail())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -195,11 +195,7 @@ func TestEnvtestInferencePoolDiscovery(t *testing.T) {
 	})
 	t.Run("RBACRules are enough, and without them discovery is not ready and says why", func(t *testing.T) {
 		ns := newNS("rbac")
-		const sa = "system:serviceaccount:rbac:kvepp"
-		user, err := env.AddUser(envtest.User{Name: sa, Groups: []string{"system:serviceaccounts", "system:authenticated"}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		sa, user := serviceAccountUser(t, env, ns)
 		p := pool("vllm", 8000)
 		p.Namespace = ns
 		if err := admin.Create(ctx, p); err != nil {
@@ -224,11 +220,7 @@ func TestEnvtestInferencePoolDiscovery(t *testing.T) {
 	})
 	t.Run("peer EndpointSlices share the pool's cache: narrowed to the peer Service, their RBAC problem reported apart", func(t *testing.T) {
 		ns := newNS("peers")
-		const sa = "system:serviceaccount:peers:kvepp"
-		user, err := env.AddUser(envtest.User{Name: sa, Groups: []string{"system:serviceaccounts", "system:authenticated"}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		sa, user := serviceAccountUser(t, env, ns)
 		// Pods and pools may be read, EndpointSlices not yet.
 		var poolRules []rbacv1.PolicyRule
 		for _, r := range RBACRules() {
@@ -300,6 +292,18 @@ func TestEnvtestInferencePoolDiscovery(t *testing.T) {
 			return cmp.Equal(sink.list(), []string{"tcp://10.2.0.1:9092", "tcp://10.2.0.2:9092"})
 		})
 	})
+}
+
+// serviceAccountUser is an API server user authenticated as the kvepp ServiceAccount of ns,
+// with no permissions of its own; it returns the user name and the user.
+func serviceAccountUser(t *testing.T, env *envtest.Environment, ns string) (string, *envtest.AuthenticatedUser) {
+	t.Helper()
+	name := "system:serviceaccount:" + ns + ":kvepp"
+	user, err := env.AddUser(envtest.User{Name: name, Groups: []string{"system:serviceaccounts", "system:authenticated"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name, user
 }
 
 // bindRole grants user the rules in ns through Role and RoleBinding kvepp-<name>.
