@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,36 +26,70 @@ var controllerRuntimeLogOnce sync.Once
 
 // kubeRestConfig returns the API server configuration: override (tests), else controller-runtime's
 // usual lookup (the --kubeconfig flag of the default flag set, KUBECONFIG, the in-cluster service
-// account, ~/.kube/config).
-func kubeRestConfig(override *rest.Config) (*rest.Config, error) {
+// account, ~/.kube/config). what names the settings that need it, for the error.
+func kubeRestConfig(override *rest.Config, what string) (*rest.Config, error) {
 	if override != nil {
 		return rest.CopyConfig(override), nil
 	}
 	cfg, err := ctrlconfig.GetConfig()
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes InferencePool discovery (DYN_EPP_INFERENCE_POOL_NAME) needs API server access: %w", err)
+		return nil, fmt.Errorf("Kubernetes discovery (%s) needs API server access: %w", what, err)
 	}
 	cfg.UserAgent = "kvepp-epp"
 	return cfg, nil
 }
 
-// startPoolDiscovery wires Kubernetes discovery (epp.md §10): the process's one controller-runtime
-// cluster (discovery.NewKube, the place every Kubernetes watcher shares), the InferencePool source
-// driving the selection core, and the informers feeding it. It returns at once; the source becomes
-// ready in the background. Health readiness follows the source after startup (awaitPoolReady).
-func (i *Instance) startPoolDiscovery(runCtx context.Context, cfg Config, override *rest.Config, log zerolog.Logger) error {
+// kubeEnabled reports whether the EPP reads Kubernetes: an InferencePool or a peer Service is
+// configured (epp.md §10).
+func (c *Config) kubeEnabled() bool { return c.InferencePoolName != "" || c.PeerService != "" }
+
+// startKube builds and starts the process's one Kubernetes cluster (discovery.NewKube: one client
+// and one informer cache of POD_NAMESPACE, the EndpointSlice cache narrowed to the peer Service)
+// when kubeEnabled, with override as its REST config when set (tests). InferencePool discovery
+// (startPoolDiscovery) and peer discovery (replicaSync.discoverPeers) both watch through it. The
+// cache runs until runCtx ends; i.kubeDone is closed when it and its watch goroutines stopped. An
+// unexpected stop marks the instance failed.
+func (i *Instance) startKube(runCtx context.Context, cfg Config, override *rest.Config, log zerolog.Logger) error {
+	if !cfg.kubeEnabled() {
+		return nil
+	}
 	controllerRuntimeLogOnce.Do(func() {
 		zl := log.With().Str("component", "controller-runtime").Logger()
 		ctrllog.SetLogger(zerologr.New(&zl))
 	})
-	restCfg, err := kubeRestConfig(override)
+	var what []string
+	if cfg.InferencePoolName != "" {
+		what = append(what, cfg.name("DYN_EPP_INFERENCE_POOL_NAME"))
+	}
+	if cfg.PeerService != "" {
+		what = append(what, cfg.name("DYN_EPP_PEER_SERVICE"))
+	}
+	restCfg, err := kubeRestConfig(override, strings.Join(what, ", "))
 	if err != nil {
 		return err
 	}
-	i.kube, err = discovery.NewKube(discovery.KubeConfig{RestConfig: restCfg, Namespace: cfg.PodNamespace, Logger: log})
+	i.kube, err = discovery.NewKube(discovery.KubeConfig{RestConfig: restCfg, Namespace: cfg.PodNamespace, PeerService: cfg.PeerService, Logger: log})
 	if err != nil {
 		return err
 	}
+	i.kubeDone = make(chan struct{})
+	go func() {
+		defer close(i.kubeDone)
+		if err := i.kube.Start(runCtx); err != nil {
+			// The cache stopped on its own: the EPP can no longer follow its pool or peers.
+			i.log.Error().Err(err).Msg("Kubernetes cache stopped")
+			i.fail(err)
+		}
+	}()
+	return nil
+}
+
+// startPoolDiscovery wires InferencePool discovery (epp.md §10.1–10.3) on the process's Kubernetes
+// cluster (startKube): the InferencePool source driving the selection core, and the informers
+// feeding it. It returns at once; the source becomes ready in the background. Health readiness
+// follows the source after startup (awaitPoolReady).
+func (i *Instance) startPoolDiscovery(runCtx context.Context, cfg Config, log zerolog.Logger) error {
+	var err error
 	pc := discovery.PoolConfig{
 		Namespace:         cfg.PodNamespace,
 		Name:              cfg.InferencePoolName,
@@ -75,15 +110,6 @@ func (i *Instance) startPoolDiscovery(runCtx context.Context, cfg Config, overri
 	if err != nil {
 		return err
 	}
-	i.kubeDone = make(chan struct{})
-	go func() {
-		defer close(i.kubeDone)
-		if err := i.kube.Start(runCtx); err != nil {
-			// The cache stopped on its own: the EPP can no longer follow its pool.
-			i.log.Error().Err(err).Msg("Kubernetes cache stopped")
-			i.fail(err)
-		}
-	}()
 	i.kube.WatchInferencePool(runCtx, i.pool)
 	return i.pool.Start(runCtx)
 }

@@ -12,11 +12,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/config"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/kvepp/kvepp/ledger"
 	"github.com/kvepp/kvepp/ledger/replica"
@@ -121,10 +116,10 @@ func newRouterID() uint64 {
 
 // replicaSync is the running replica mesh of an Instance and its peer discovery.
 type replicaSync struct {
-	m       *replica.Manager
+	m *replica.Manager
+	// watcher is peer discovery (nil without DYN_EPP_PEER_SERVICE); the shared Kubernetes cache
+	// it reads belongs to the Instance.
 	watcher *discovery.PeerWatcher
-	// kubeStop stops the controller-runtime manager of peer discovery and waits for it.
-	kubeStop func()
 }
 
 // bindReplicaSync binds the replica PUB socket (epp.md §11.1 step 2) when replica sync is enabled
@@ -166,63 +161,41 @@ func (r *replicaSync) peers() httpapi.ReplicaPeers {
 }
 
 // discoverPeers starts peer-EPP discovery from the EndpointSlices of DYN_EPP_PEER_SERVICE (epp.md
-// §10.4) and returns the selection URLs of the peers seen in the first snapshot: the recovery
-// peers of epp.md §11.1 step 4. It returns nil without a peer service.
-func (r *replicaSync) discoverPeers(ctx context.Context, cfg Config, log zerolog.Logger) ([]string, error) {
+// §10.4) on the process's shared Kubernetes cache, running until runCtx ends or close, and
+// returns the selection URLs of the peers seen by the first sync: the recovery peers of epp.md
+// §11.1 step 4. It waits for that sync at most DYN_EPP_RECOVERY_TIMEOUT_SECS (at least 1 s; ctx
+// bounds it too) and otherwise starts without recovery peers, saying why (e.g. missing RBAC); the
+// watch goes on. It returns nil without a peer service.
+func (r *replicaSync) discoverPeers(ctx, runCtx context.Context, cfg Config, kube *discovery.Kube, log zerolog.Logger) ([]string, error) {
 	if r == nil || cfg.PeerService == "" {
 		return nil, nil
 	}
 	pc := discovery.PeerConfig{Namespace: cfg.PodNamespace, Service: cfg.PeerService, PodIP: cfg.PodIP,
 		ReplicaPort: cfg.replicaSyncPort(), SelectionPort: cfg.SelectionHTTPPort, Logger: log.With().Str("component", "peer-discovery").Logger()}
-	mgr, err := newKubeManager(cfg, discovery.PeerCacheOptions(pc))
-	if err != nil {
-		return nil, fmt.Errorf("%s %q: %w", cfg.name("DYN_EPP_PEER_SERVICE"), cfg.PeerService, err)
-	}
-	w, err := discovery.NewPeerWatcher(pc, mgr.GetClient(), replicaPeers{m: r.m})
+	w, err := discovery.NewPeerWatcher(pc, kube.Reader(), replicaPeers{m: r.m})
 	if err == nil {
-		err = w.SetupWithManager(mgr)
+		err = w.Start(runCtx)
+	}
+	if err == nil {
+		r.watcher = w
+		err = kube.WatchPeers(runCtx, w)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s %q: %w", cfg.name("DYN_EPP_PEER_SERVICE"), cfg.PeerService, err)
 	}
-	kctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := mgr.Start(kctx); err != nil {
-			log.Error().Err(err).Msg("peer discovery stopped")
-		}
-	}()
-	r.watcher, r.kubeStop = w, func() { cancel(); <-done }
-	sctx, scancel := context.WithTimeout(ctx, max(cfg.RecoveryTimeout.Duration(), time.Second))
-	defer scancel()
-	if !mgr.GetCache().WaitForCacheSync(sctx) {
-		log.Warn().Str("service", cfg.PeerService).Msg("peer EndpointSlices not listed in time; starting without recovery peers")
+	sctx, cancel := context.WithTimeout(ctx, max(cfg.RecoveryTimeout.Duration(), time.Second))
+	defer cancel()
+	peers, err := w.WaitSynced(sctx)
+	if err != nil {
+		log.Warn().Str("service", cfg.PeerService).Str("reason", w.Problem()).
+			Msg("peer EndpointSlices not listed in time; starting without recovery peers (the watch goes on)")
 		return nil, nil
 	}
-	peers, err := w.Sync(sctx)
-	if err != nil {
-		log.Warn().Err(err).Msg("peer discovery: first sync incomplete")
+	if p := w.Problem(); p != "" {
+		log.Warn().Str("reason", p).Msg("peer discovery: first sync incomplete; retrying")
 	}
 	log.Info().Strs("replica_peers", peers.Replica).Strs("recovery_peers", peers.Selection).Msg("peer EPPs discovered")
 	return peers.Selection, nil
-}
-
-// newKubeManager builds the controller-runtime manager of the Kubernetes watchers: in-cluster (or
-// KUBECONFIG) credentials, POD_NAMESPACE's cache narrowed by byObject, no leader election, no
-// metrics or probe listeners of its own (kvepp serves those). The InferencePool watcher can share
-// it by adding its own ByObject entries.
-func newKubeManager(cfg Config, byObject map[client.Object]cache.ByObject) (manager.Manager, error) {
-	rc, err := config.GetConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
-	}
-	return manager.New(rc, manager.Options{
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{cfg.PodNamespace: {}}, ByObject: byObject},
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		LeaderElection:         false,
-	})
 }
 
 // start connects the SUBs to the peers and applies their events to svc (epp.md §11.1 step 5).
@@ -233,13 +206,13 @@ func (r *replicaSync) start(svc *picker.Service) error {
 	return r.m.Start(replicaApplier{svc: svc})
 }
 
-// close stops peer discovery and the replica sockets.
+// close stops peer discovery and the replica sockets. Safe to call more than once.
 func (r *replicaSync) close() error {
 	if r == nil {
 		return nil
 	}
-	if r.kubeStop != nil {
-		r.kubeStop()
+	if r.watcher != nil {
+		_ = r.watcher.Close() // before the manager closes, so no sync registers on a closed one
 	}
 	return r.m.Close()
 }

@@ -99,8 +99,9 @@ type Options struct {
 	// HTTPTimeouts bounds the connections of the selection side port and the metrics port; zero
 	// fields take DefaultHTTPTimeouts' values.
 	HTTPTimeouts HTTPTimeouts
-	// KubeRestConfig reaches the Kubernetes API server for InferencePool discovery (tests: an
-	// envtest control plane); nil = in-cluster service account, KUBECONFIG or ~/.kube/config.
+	// KubeRestConfig reaches the Kubernetes API server for InferencePool and peer-EPP discovery
+	// (tests: an envtest control plane); nil = in-cluster service account, KUBECONFIG or
+	// ~/.kube/config.
 	KubeRestConfig *rest.Config
 }
 
@@ -182,8 +183,10 @@ type Instance struct {
 	// recoveryPeers are the selection base URLs startup recovery tries (DYN_EPP_INDEXER_PEERS and
 	// the peer EPPs discovered from DYN_EPP_PEER_SERVICE).
 	recoveryPeers []string
-	// kube, pool and kubeDone are InferencePool discovery (nil without DYN_EPP_INFERENCE_POOL_NAME);
-	// poolServing turns true when startup finished, after which readiness follows the pool.
+	// kube and kubeDone are the Kubernetes cache shared by InferencePool and peer discovery (nil
+	// without DYN_EPP_INFERENCE_POOL_NAME and DYN_EPP_PEER_SERVICE); pool is InferencePool
+	// discovery (nil without a pool); poolServing turns true when startup finished, after which
+	// readiness follows the pool.
 	kube        *discovery.Kube
 	pool        *discovery.PoolSource
 	kubeDone    chan struct{}
@@ -382,8 +385,15 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	go inst.serveHTTP(inst.httpSrv, selLn, "selection")
 	cleanups = append(cleanups, func() { _ = inst.httpSrv.Close() })
 
-	// Peer EPPs discovered from the peer Service's EndpointSlices join the recovery peers.
-	discovered, err := inst.replica.discoverPeers(ctx, cfg, log)
+	// The process's one Kubernetes cache (with a pool or a peer Service), then the peer EPPs
+	// discovered from the peer Service's EndpointSlices join the recovery peers.
+	if err := inst.startKube(runCtx, cfg, opts.KubeRestConfig, log); err != nil {
+		return nil, err
+	}
+	if inst.kubeDone != nil {
+		cleanups = append(cleanups, func() { runCancel(); <-inst.kubeDone })
+	}
+	discovered, err := inst.replica.discoverPeers(ctx, runCtx, cfg, inst.kube, log)
 	if err != nil {
 		return nil, err
 	}
@@ -413,7 +423,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	}
 	// 3. Kubernetes discovery: the pool's pods register in the background; readiness waits.
 	if cfg.InferencePoolName != "" {
-		if err := inst.startPoolDiscovery(runCtx, cfg, opts.KubeRestConfig, log); err != nil {
+		if err := inst.startPoolDiscovery(runCtx, cfg, log); err != nil {
 			return nil, err
 		}
 		cleanups = append(cleanups, func() { _ = inst.pool.Close() })

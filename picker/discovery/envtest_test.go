@@ -3,12 +3,14 @@ package discovery
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -24,13 +26,19 @@ import (
 type envHarness struct {
 	*poolHarness
 	admin client.Client
+	kube  *Kube
+	ctx   context.Context // ends when the test does
 }
 
-func startEnvDiscovery(t *testing.T, cfg *rest.Config, admin client.Client, ns string) *envHarness {
+func startEnvDiscovery(t *testing.T, cfg *rest.Config, admin client.Client, ns string, kubeOpts ...func(*KubeConfig)) *envHarness {
 	t.Helper()
 	logBuf := &syncbuf.Buffer{}
 	log := zerolog.New(logBuf)
-	kube, err := NewKube(KubeConfig{RestConfig: cfg, Namespace: ns, Logger: log})
+	kc := KubeConfig{RestConfig: cfg, Namespace: ns, Logger: log}
+	for _, o := range kubeOpts {
+		o(&kc)
+	}
+	kube, err := NewKube(kc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +65,7 @@ func startEnvDiscovery(t *testing.T, cfg *rest.Config, admin client.Client, ns s
 			t.Errorf("kube.Start: %v", err)
 		}
 	})
-	return &envHarness{poolHarness: &poolHarness{t: t, cat: cat, ev: ev, src: src, log: logBuf}, admin: admin}
+	return &envHarness{poolHarness: &poolHarness{t: t, cat: cat, ev: ev, src: src, log: logBuf}, admin: admin, kube: kube, ctx: ctx}
 }
 
 // create makes obj through the admin client; pods get their status written like a kubelet would.
@@ -187,11 +195,7 @@ func TestEnvtestInferencePoolDiscovery(t *testing.T) {
 	})
 	t.Run("RBACRules are enough, and without them discovery is not ready and says why", func(t *testing.T) {
 		ns := newNS("rbac")
-		const sa = "system:serviceaccount:rbac:kvepp"
-		user, err := env.AddUser(envtest.User{Name: sa, Groups: []string{"system:serviceaccounts", "system:authenticated"}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		sa, user := serviceAccountUser(t, env, ns)
 		p := pool("vllm", 8000)
 		p.Namespace = ns
 		if err := admin.Create(ctx, p); err != nil {
@@ -205,17 +209,7 @@ func TestEnvtestInferencePoolDiscovery(t *testing.T) {
 		if h.src.Ready() {
 			t.Fatal("ready without RBAC")
 		}
-		role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "kvepp", Namespace: ns}, Rules: RBACRules()}
-		bind := &rbacv1.RoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: "kvepp", Namespace: ns},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "kvepp"},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: sa}},
-		}
-		for _, o := range []client.Object{role, bind} {
-			if err := admin.Create(ctx, o); err != nil {
-				t.Fatal(err)
-			}
-		}
+		bindRole(t, admin, ns, sa, "discovery", RBACRules())
 		if err := h.src.WaitReady(ctxTimeout60(t)); err != nil {
 			t.Fatalf("not ready with RBACRules bound: %v %+v\n%s", err, h.src.Stats(), h.log.String())
 		}
@@ -224,6 +218,148 @@ func TestEnvtestInferencePoolDiscovery(t *testing.T) {
 			t.Errorf("RBACRules (-want +got):\n%s", diff)
 		}
 	})
+	t.Run("peer EndpointSlices share the pool's cache: narrowed to the peer Service, their RBAC problem reported apart", func(t *testing.T) {
+		ns := newNS("peers")
+		sa, user := serviceAccountUser(t, env, ns)
+		// Pods and pools may be read, EndpointSlices not yet.
+		var poolRules []rbacv1.PolicyRule
+		for _, r := range RBACRules() {
+			if r.Resources[0] != "endpointslices" {
+				poolRules = append(poolRules, r)
+			}
+		}
+		bindRole(t, admin, ns, sa, "pool", poolRules)
+		p := pool("vllm", 8000)
+		p.Namespace = ns
+		for _, o := range []client.Object{p, envSlice(ns, "kvepp-peers-1", "kvepp-peers", "10.2.0.1", "10.2.0.99"), envSlice(ns, "other-1", "other", "10.2.0.9")} {
+			if err := admin.Create(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h := startEnvDiscovery(t, user.Config(), admin, ns, func(c *KubeConfig) { c.PeerService = "kvepp-peers" })
+		sink := &peerSet{peers: map[string]bool{}}
+		w, err := NewPeerWatcher(PeerConfig{Namespace: ns, Service: "kvepp-peers", PodIP: "10.2.0.99", ReplicaPort: 9092, SelectionPort: 8092,
+			RetryInterval: 50 * time.Millisecond, Logger: zerolog.New(h.log)}, h.kube.Reader(), sink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Start(h.ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Close() })
+		if err := h.kube.WatchPeers(h.ctx, w); err != nil {
+			t.Fatal(err)
+		}
+		other, _ := NewPeerWatcher(PeerConfig{Namespace: ns, Service: "other"}, h.kube.Reader(), sink)
+		if err := h.kube.WatchPeers(h.ctx, other); err == nil {
+			t.Fatal("WatchPeers accepted a Service the EndpointSlice cache is not narrowed to")
+		}
+		h.create(envPod(ns, "vllm-0", "vllm", "10.1.0.1"))
+		if err := h.src.WaitReady(ctxTimeout60(t)); err != nil {
+			t.Fatalf("the pool is not ready while only EndpointSlices are forbidden: %v %+v", err, h.src.Stats())
+		}
+		h.waitFor("the EndpointSlice RBAC problem logged and reported by the peer watcher", func() bool {
+			return strings.Contains(h.log.String(), "RBAC forbids listing or watching *v1.EndpointSlice in namespace peers") &&
+				strings.Contains(w.Problem(), "RBAC forbids listing or watching *v1.EndpointSlice")
+		})
+		if st := h.src.Stats(); strings.Contains(st.Problem, "EndpointSlice") {
+			t.Fatalf("the pool reports the peers' problem: %+v", st)
+		}
+
+		bindRole(t, admin, ns, sa, "peers", RBACRules())
+		peers, err := w.WaitSynced(ctxTimeout60(t))
+		if err != nil {
+			t.Fatalf("peer watcher not synced once RBACRules are bound: %v; %s\n%s", err, w.Problem(), h.log.String())
+		}
+		want := Peers{Replica: []string{"tcp://10.2.0.1:9092"}, Selection: []string{"http://10.2.0.1:8092"}}
+		if d := cmp.Diff(want, peers); d != "" {
+			t.Fatalf("first sync (-want +got):\n%s", d)
+		}
+		h.waitFor("the peer registered", func() bool { return cmp.Equal(sink.list(), want.Replica) })
+		// The cache holds the peer Service's slices only.
+		var cached discoveryv1.EndpointSliceList
+		if err := h.kube.Reader().List(ctx, &cached, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		if len(cached.Items) != 1 || cached.Items[0].Name != "kvepp-peers-1" {
+			t.Fatalf("the EndpointSlice cache holds %d slices, want kvepp-peers-1 only", len(cached.Items))
+		}
+		// A slice event reaches the watcher through the shared informer.
+		if err := admin.Create(ctx, envSlice(ns, "kvepp-peers-2", "kvepp-peers", "10.2.0.2")); err != nil {
+			t.Fatal(err)
+		}
+		h.waitFor("the second peer registered", func() bool {
+			return cmp.Equal(sink.list(), []string{"tcp://10.2.0.1:9092", "tcp://10.2.0.2:9092"})
+		})
+	})
+}
+
+// serviceAccountUser is an API server user authenticated as the kvepp ServiceAccount of ns,
+// with no permissions of its own; it returns the user name and the user.
+func serviceAccountUser(t *testing.T, env *envtest.Environment, ns string) (string, *envtest.AuthenticatedUser) {
+	t.Helper()
+	name := "system:serviceaccount:" + ns + ":kvepp"
+	user, err := env.AddUser(envtest.User{Name: name, Groups: []string{"system:serviceaccounts", "system:authenticated"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name, user
+}
+
+// bindRole grants user the rules in ns through Role and RoleBinding kvepp-<name>.
+func bindRole(t *testing.T, admin client.Client, ns, user, name string, rules []rbacv1.PolicyRule) {
+	t.Helper()
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "kvepp-" + name, Namespace: ns}, Rules: rules}
+	bind := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kvepp-" + name, Namespace: ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	}
+	for _, o := range []client.Object{role, bind} {
+		if err := admin.Create(context.Background(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// envSlice is an EndpointSlice of service svc in ns with one endpoint per address and no named
+// ports (the watcher's configured ports apply).
+func envSlice(ns, name, svc string, addrs ...string) *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+	}
+	for _, a := range addrs {
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}})
+	}
+	return s
+}
+
+// peerSet is a PeerSink that records membership.
+type peerSet struct {
+	mu    sync.Mutex
+	peers map[string]bool
+}
+
+func (s *peerSet) RegisterPeer(ep string) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	added := !s.peers[ep]
+	s.peers[ep] = true
+	return added, nil
+}
+
+func (s *peerSet) DeregisterPeer(ep string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.peers, ep)
+	return nil
+}
+
+func (s *peerSet) list() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return sortedKeys(s.peers)
 }
 
 // rulesByResource flattens rules to resource → verbs.

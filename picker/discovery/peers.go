@@ -2,21 +2,17 @@ package discovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/rs/zerolog"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // Named ports of the peer Service (epp.md §10.4).
@@ -39,9 +35,15 @@ type PeerConfig struct {
 	ReplicaPort int
 	// SelectionPort is DYN_EPP_SELECTION_HTTP_PORT, used when a slice has no selection-http port.
 	SelectionPort int
+	// RetryInterval is the wait before retrying a failed sync (a failed list or registration)
+	// when no slice event comes first; it doubles up to 30 s. 0 = 1 s.
+	RetryInterval time.Duration
 	// Logger receives membership changes.
 	Logger zerolog.Logger
 }
+
+// peerRetryMax bounds the backoff of failed peer syncs.
+const peerRetryMax = 30 * time.Second
 
 // PeerSink is the replica-sync membership the watcher drives (the replica manager, adapted by the
 // composition root).
@@ -64,70 +66,177 @@ type Peers struct {
 // PeerWatcher turns the peer Service's EndpointSlices into replica-sync membership: every change
 // re-lists the slices, registers the endpoints that appeared and deregisters the ones it had
 // registered that disappeared (endpoints registered by anyone else — the static list, the HTTP
-// API — are never deregistered by it). Endpoints marked ready: false and POD_IP are excluded. It is
-// a controller-runtime reconciler; NewPeerWatcher builds it and SetupWithManager attaches it to a
-// manager, which may be shared with other watchers (the InferencePool discovery). Safe for
-// concurrent use.
+// API — are never deregistered by it). Endpoints marked ready: false and POD_IP are excluded.
+//
+// It reads through a controller-runtime client.Reader: the shared informer cache of the process's
+// Kube (Kube.WatchPeers triggers it on every slice event and once the cache has synced), or a fake
+// client in tests. Build it with NewPeerWatcher, call Start once, and Close when done; Sync may
+// also be called directly. Safe for concurrent use.
 type PeerWatcher struct {
 	cfg    PeerConfig
 	reader client.Reader
 	sink   PeerSink
 
-	mu    sync.Mutex
+	trigger  chan struct{}
+	synced   chan struct{} // closed after the first Sync that listed the slices
+	syncOnce sync.Once
+	done     chan struct{} // closed when the loop ended
+
+	runMu  sync.Mutex
+	cancel context.CancelFunc // the loop's, nil before Start
+	closed bool
+
+	mu    sync.Mutex      // held for a whole Sync
 	owned map[string]bool // replica endpoints this watcher registered
 	last  Peers
+
+	noteMu   sync.Mutex
+	waitNote string // why the cache cannot be read yet (set by Kube.WatchPeers)
+	syncErr  string // the latest failed sync ("" after a successful one)
 }
 
-var _ reconcile.Reconciler = (*PeerWatcher)(nil)
-
-// NewPeerWatcher returns a watcher that reads EndpointSlices through reader (a manager's cached
-// client, or a fake client in tests) and drives sink. Errors: an empty Namespace or Service.
+// NewPeerWatcher returns a watcher that reads EndpointSlices through reader (the shared cache's
+// reader, or a fake client in tests) and drives sink. Errors: an empty Namespace or Service, a
+// nil reader or sink.
 func NewPeerWatcher(cfg PeerConfig, reader client.Reader, sink PeerSink) (*PeerWatcher, error) {
 	if cfg.Namespace == "" || cfg.Service == "" {
 		return nil, fmt.Errorf("peer discovery needs a namespace and a service (got %q, %q)", cfg.Namespace, cfg.Service)
 	}
-	return &PeerWatcher{cfg: cfg, reader: reader, sink: sink, owned: map[string]bool{}}, nil
+	if reader == nil || sink == nil {
+		return nil, errors.New("peer discovery needs a Kubernetes reader and a peer sink")
+	}
+	if cfg.RetryInterval <= 0 {
+		cfg.RetryInterval = time.Second
+	}
+	return &PeerWatcher{cfg: cfg, reader: reader, sink: sink, owned: map[string]bool{},
+		trigger: make(chan struct{}, 1), synced: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
-// PeerCacheOptions restricts a manager's EndpointSlice cache to the peer Service's slices, for the
-// manager.Options.Cache.ByObject of a manager that runs the watcher.
-func PeerCacheOptions(cfg PeerConfig) map[client.Object]cache.ByObject {
-	return map[client.Object]cache.ByObject{
-		&discoveryv1.EndpointSlice{}: {
-			Namespaces: map[string]cache.Config{cfg.Namespace: {}},
-			Label:      labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: cfg.Service}),
-		},
+// Trigger asks for a sync. Calls coalesce (at most one is queued) and never block; informer event
+// handlers call it.
+func (w *PeerWatcher) Trigger() {
+	select {
+	case w.trigger <- struct{}{}:
+	default:
 	}
 }
 
-// SetupWithManager watches the peer Service's EndpointSlices with mgr; each event reconciles the
-// whole peer set.
-func (w *PeerWatcher) SetupWithManager(mgr manager.Manager) error {
-	mine := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return o.GetNamespace() == w.cfg.Namespace && o.GetLabels()[discoveryv1.LabelServiceName] == w.cfg.Service
-	})
-	return builder.ControllerManagedBy(mgr).Named("kvepp-peer-epps").
-		For(&discoveryv1.EndpointSlice{}, builder.WithPredicates(mine)).Complete(w)
+// Start starts the watcher's loop and returns at once: each Trigger runs a Sync, and a failed Sync
+// is retried after RetryInterval (doubling up to 30 s) unless a trigger comes first. The loop runs
+// until ctx ends or Close is called. Errors: a second Start.
+func (w *PeerWatcher) Start(ctx context.Context) error {
+	w.runMu.Lock()
+	defer w.runMu.Unlock()
+	if w.cancel != nil || w.closed {
+		return errors.New("peer discovery already started or closed")
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	w.cancel = cancel
+	go w.loop(runCtx)
+	return nil
 }
 
-// Reconcile implements reconcile.Reconciler: it syncs the whole peer set whatever slice changed.
-func (w *PeerWatcher) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
-	_, err := w.Sync(ctx)
-	return reconcile.Result{}, err
+// Close stops the loop and waits for it; the registered peers stay registered (the process is
+// exiting). Safe to call more than once, and before Start (which then fails).
+func (w *PeerWatcher) Close() error {
+	w.runMu.Lock()
+	cancel, first := w.cancel, !w.closed
+	w.closed = true
+	w.runMu.Unlock()
+	if cancel != nil && first {
+		cancel()
+	}
+	if cancel != nil {
+		<-w.done
+	}
+	return nil
+}
+
+func (w *PeerWatcher) loop(ctx context.Context) {
+	defer close(w.done)
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	backoff := w.cfg.RetryInterval
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.trigger:
+		case <-retry.C:
+		}
+		_, err := w.Sync(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			w.cfg.Logger.Warn().Err(err).Dur("retry_in", backoff).Msg("peer discovery sync failed; will retry")
+			retry.Reset(backoff)
+			backoff = min(2*backoff, max(peerRetryMax, w.cfg.RetryInterval))
+			continue
+		}
+		retry.Stop()
+		backoff = w.cfg.RetryInterval
+	}
+}
+
+// WaitSynced blocks until the first Sync that listed the peer Service's slices (with the shared
+// cache: the first one after it synced) and returns the peers it saw — a starting replica's
+// recovery peers (epp.md §11.1 step 4). Errors: ctx's, when it ends first.
+func (w *PeerWatcher) WaitSynced(ctx context.Context) (Peers, error) {
+	select {
+	case <-w.synced:
+		return w.Last(), nil
+	case <-ctx.Done():
+		return Peers{}, ctx.Err()
+	}
+}
+
+// SetWaitingFor records why the slices cannot be listed yet ("" = they can); Problem reports it.
+func (w *PeerWatcher) SetWaitingFor(note string) {
+	w.noteMu.Lock()
+	w.waitNote = note
+	w.noteMu.Unlock()
+}
+
+// Problem says why the watcher has not synced or why its latest sync failed ("" = none): the
+// cache's list/watch problem (missing RBAC) before the first listing, then the sync error.
+func (w *PeerWatcher) Problem() string {
+	w.noteMu.Lock()
+	defer w.noteMu.Unlock()
+	if w.syncErr != "" {
+		return w.syncErr
+	}
+	select {
+	case <-w.synced: // listed: what the cache said before is stale
+		return ""
+	default:
+		return w.waitNote
+	}
+}
+
+func (w *PeerWatcher) setSyncErr(err error) {
+	w.noteMu.Lock()
+	w.syncErr = ""
+	if err != nil {
+		w.syncErr = err.Error()
+	}
+	w.noteMu.Unlock()
 }
 
 // Sync lists the peer Service's EndpointSlices, applies the difference to the sink and returns
-// the peers now seen. A register or deregister error is returned after the rest was applied (the
-// reconciler retries with backoff).
-func (w *PeerWatcher) Sync(ctx context.Context) (Peers, error) {
+// the peers now seen. A register error is returned after the rest was applied (the loop retries
+// with backoff); so is a failed list, which changes nothing.
+func (w *PeerWatcher) Sync(ctx context.Context) (peers Peers, err error) {
 	w.mu.Lock() // one sync at a time, so an older listing never overwrites a newer one
 	defer w.mu.Unlock()
+	defer func() { w.setSyncErr(err) }()
 	var list discoveryv1.EndpointSliceList
 	if err := w.reader.List(ctx, &list, client.InNamespace(w.cfg.Namespace),
 		client.MatchingLabels{discoveryv1.LabelServiceName: w.cfg.Service}); err != nil {
 		return Peers{}, fmt.Errorf("list EndpointSlices of service %s/%s: %w", w.cfg.Namespace, w.cfg.Service, err)
 	}
-	peers := w.peersOf(list.Items)
+	peers = w.peersOf(list.Items)
 	var firstErr error
 	keep := func(err error) {
 		if firstErr == nil {
@@ -161,6 +270,7 @@ func (w *PeerWatcher) Sync(ctx context.Context) (Peers, error) {
 		w.cfg.Logger.Info().Str("peer", ep).Msg("peer EPP gone")
 	}
 	w.last = peers
+	w.syncOnce.Do(func() { close(w.synced) })
 	return peers, firstErr
 }
 

@@ -4,19 +4,21 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/kvepp/kvepp/picker/discovery"
 )
@@ -136,7 +138,7 @@ func TestPeerWatcherFollowsEndpointSlices(t *testing.T) {
 		if err := c.Delete(ctx, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "b", Namespace: "ns"}}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := w.Reconcile(ctx, reconcileRequest("a")); err != nil {
+		if _, err := w.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if d := cmp.Diff([]string{"tcp://10.0.0.2:19092", "tcp://10.0.0.7:19092", "tcp://static:9092"}, sink.list()); d != "" {
@@ -196,6 +198,104 @@ func TestPeerWatcherIPv6AndConfig(t *testing.T) {
 	}
 }
 
-func reconcileRequest(name string) reconcile.Request {
-	return reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "ns", Name: name}}
+// TestPeerWatcherLoop drives the watcher the way Kube.WatchPeers does, through Trigger: the first
+// sync releases WaitSynced with the recovery peers, a failed registration is retried without a new
+// event, Problem says what failed, and Close ends the loop.
+func TestPeerWatcherLoop(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sink := &fakeSink{peers: map[string]bool{}, fail: errors.New("replica peer manager is unavailable")}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(slice("a", "kvepp-peers", nil, map[string]*bool{"10.0.0.2": nil})).Build()
+	w, err := discovery.NewPeerWatcher(discovery.PeerConfig{Namespace: "ns", Service: "kvepp-peers", PodIP: "10.0.0.1",
+		ReplicaPort: 9092, SelectionPort: 8092, RetryInterval: 10 * time.Millisecond, Logger: zerolog.Nop()}, c, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.SetWaitingFor("RBAC forbids listing or watching *v1.EndpointSlice")
+	if got := w.Problem(); !strings.Contains(got, "RBAC") {
+		t.Fatalf("Problem() = %q before the first sync, want the cache's note", got)
+	}
+	short, stop := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = w.WaitSynced(short)
+	stop()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitSynced before any sync = %v, want the deadline", err)
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close() })
+	if err := w.Start(ctx); err == nil {
+		t.Fatal("a second Start succeeded")
+	}
+	w.SetWaitingFor("")
+	w.Trigger()
+	peers, err := w.WaitSynced(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(peers.Selection, []string{"http://10.0.0.2:8092"}) {
+		t.Fatalf("first sync's recovery peers %v", peers.Selection)
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for !cond() {
+			if ctx.Err() != nil {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFor("the failed registration in Problem", func() bool { return strings.Contains(w.Problem(), "replica peer manager is unavailable") })
+	sink.mu.Lock()
+	sink.fail = nil
+	sink.mu.Unlock()
+	// No trigger: the retry timer registers the peer.
+	waitFor("the retried registration", func() bool { return slices.Equal(sink.list(), []string{"tcp://10.0.0.2:9092"}) })
+	waitFor("Problem cleared", func() bool { return w.Problem() == "" })
+
+	// A slice event (Trigger) brings a new peer.
+	if err := c.Create(ctx, slice("b", "kvepp-peers", nil, map[string]*bool{"10.0.0.3": ptr(true)})); err != nil {
+		t.Fatal(err)
+	}
+	w.Trigger()
+	waitFor("the new peer", func() bool { return slices.Equal(sink.list(), []string{"tcp://10.0.0.2:9092", "tcp://10.0.0.3:9092"}) })
+
+	// Close ends the loop (goleak checks its goroutine is gone) and may be repeated.
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestNewKubeWithAPeerServiceIsOffline checks that narrowing the EndpointSlice cache to the peer
+// Service does not make NewKube contact the API server (controller-runtime asks the REST mapper
+// whether a ByObject kind is namespaced while it builds the cache): an unreachable API server
+// at startup is the informers' retry, not a startup error.
+func TestNewKubeWithAPeerServiceIsOffline(t *testing.T) {
+	k, err := discovery.NewKube(discovery.KubeConfig{RestConfig: &rest.Config{Host: "https://127.0.0.1:1"}, Namespace: "ns",
+		PeerService: "kvepp-peers", Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatalf("NewKube contacted the API server: %v", err)
+	}
+	w, err := discovery.NewPeerWatcher(discovery.PeerConfig{Namespace: "ns", Service: "kvepp-peers"}, k.Reader(), &fakeSink{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // ends the watch goroutine of the never-started cache
+	if err := k.WatchPeers(ctx, w); err != nil {
+		t.Fatalf("WatchPeers of the narrowed Service: %v", err)
+	}
+	other, _ := discovery.NewPeerWatcher(discovery.PeerConfig{Namespace: "other-ns", Service: "kvepp-peers"}, k.Reader(), &fakeSink{})
+	if err := k.WatchPeers(ctx, other); err == nil {
+		t.Fatal("WatchPeers accepted a namespace the cache does not hold")
+	}
 }
