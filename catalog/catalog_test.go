@@ -123,8 +123,8 @@ func TestRegistry(t *testing.T) {
 			t.Fatalf("Register into a new registry: %v", err)
 		}
 	})
-	t.Run("Builtins holds the whole compiled-in catalog of issue 5", func(t *testing.T) {
-		want := []string{"dynamo-default-cost-fn", "least-active-requests", "least-busy", "random",
+	t.Run("Builtins holds the whole compiled-in catalog of issues 5 and 12", func(t *testing.T) {
+		want := []string{"dynamo-default-cost-fn", "least-active-requests", "least-busy", "predicted-ttft", "random",
 			"round-robin", "softmax-sampling", "stacked-load-cache", "subagent-group-affinity",
 			"tool-result-cache-local", "two-tier-cache-aware"}
 		if diff := cmp.Diff(want, catalog.Builtins().Types()); diff != "" {
