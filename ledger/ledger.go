@@ -229,8 +229,8 @@ type Ledger struct {
 // New returns an empty ledger.
 func New(cfg Config) *Ledger {
 	return &Ledger{
-		track:   cfg.TrackActiveBlocks,
-		ids:     make(map[string]int32),
+		track:     cfg.TrackActiveBlocks,
+		ids:       make(map[string]int32),
 		ranks:     make(map[Candidate]*rankState),
 		workers:   make(map[uint64][]*rankState),
 		partRates: make(map[string]*prefillRate),
