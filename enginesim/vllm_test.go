@@ -3,10 +3,14 @@ package enginesim
 import (
 	"context"
 	"errors"
+	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // testProfile has round numbers: a step costs 1 ms + 10 µs per token; attention is free unless a
@@ -281,5 +285,114 @@ func TestVLLMWorkerRejectsARequestThatCannotFit(t *testing.T) {
 	_, err := w.Generate(context.Background(), seqTokens(0, 40), 4)
 	if err == nil || !errors.Is(err, errTooLarge) {
 		t.Fatalf("err %v, want errTooLarge", err)
+	}
+}
+
+func TestVLLMWorkerStreamsPublishesEventsAndRefusesWhatCannotFit(t *testing.T) {
+	w := startWorker(t, Config{Engine: EngineVLLM, Profile: testProfile, CapacityBlocks: 64, TimeScale: 0.01, StreamInterval: 2})
+	sub := subscribe(t, w)
+	prompt := seqTokens(5, 40)
+	status, _, body := postJSON(t, w.Endpoint()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 5, "stream": true})
+	if status != http.StatusOK {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	events := sseEvents(t, body)
+	// Token chunks [0,1), [1,3), [3,5), the usage chunk and [DONE].
+	if len(events) != 5 || events[4] != "[DONE]" {
+		t.Fatalf("got %d events: %v", len(events), events)
+	}
+	if diff := cmp.Diff(usageOf(40, 5, 0), decodeResponse(t, events[3]).Usage); diff != "" {
+		t.Errorf("usage (-want +got):\n%s", diff)
+	}
+	b := liveBatch(t, sub.next(t), 0)
+	if len(b.Events) != 1 || b.Events[0].Tag != "BlockStored" || len(b.Events[0].Hashes) != 2 || !slices.Equal(b.Events[0].Tokens, prompt[:32]) {
+		t.Fatalf("first batch %+v, want the prompt's 2 full blocks stored", b.Events)
+	}
+	// The same prompt hits both blocks once the first request stored them (≤ ⌊39/16⌋ = 2).
+	status, _, body = postJSON(t, w.Endpoint()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1})
+	if status != http.StatusOK || !strings.Contains(string(body), `"cached_tokens":32`) {
+		t.Fatalf("second request: status %d: %s", status, body)
+	}
+	status, _, body = postJSON(t, w.Endpoint()+"/v1/completions", map[string]any{"prompt": seqTokens(100, 1000), "max_tokens": 100})
+	if status != http.StatusBadRequest || !strings.Contains(string(body), "need 69 blocks") {
+		t.Fatalf("a request larger than the KV cache: status %d: %s", status, body)
+	}
+	if s := w.Stats(); s.Requests != 2 || s.UsedBlocks != 0 || s.Steps < 4 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+func TestVLLMWorkerCancelsAndCloses(t *testing.T) {
+	w := vllmWorker(t, StepProfile{Name: "slow", StepMs: 50, PerTokenUs: 1, MaxNumBatchedTokens: 64, MaxNumSeqs: 8}, 1000, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.Generate(ctx, seqTokens(0, 40), 1000)
+		done <- err
+	}()
+	waitFor(t, "the request to run", func() bool { return w.Stats().Running == 1 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled Generate returned %v", err)
+	}
+	waitFor(t, "the canceled request to release its blocks", func() bool { s := w.Stats(); return s.Running == 0 && s.UsedBlocks == 0 && s.Canceled == 1 })
+	go func() {
+		_, err := w.Generate(context.Background(), seqTokens(0, 40), 1000)
+		done <- err
+	}()
+	waitFor(t, "the second request to run", func() bool { return w.Stats().Running == 1 })
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("a request running across Close completed")
+	}
+}
+
+func TestSimRunsTheEngineModelInVirtualTime(t *testing.T) {
+	s, err := NewSim(Config{Profile: testProfile, BlockSize: 4, CapacityBlocks: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.NextStepEnd(); ok {
+		t.Fatal("an idle engine has a step planned")
+	}
+	if err := s.Submit("a", seqTokens(0, 100), 3, 10*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Submit("b", seqTokens(1000, 8), 1, 11*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	var first []string
+	var done []RequestRecord
+	var stored int
+	for {
+		st, ok := s.Step()
+		if !ok {
+			break
+		}
+		first, done = append(first, st.FirstTokens...), append(done, st.Finished...)
+		for _, ev := range st.Events {
+			if ev.Kind == BlockStored {
+				stored += len(ev.BlockHashes)
+			}
+		}
+	}
+	// a: chunk 64 at 10 ms (1.64 ms), then its last 36 tokens with b's 8 (1.44 ms): both get their
+	// first token at 13.08 ms; a decodes twice more (1.02 and 1.01 ms).
+	if !slices.Equal(first, []string{"a", "b"}) || len(done) != 2 || done[0].ID != "b" || done[1].ID != "a" {
+		t.Fatalf("first tokens %v, finished %v", first, done)
+	}
+	if want := 3080 * time.Microsecond; done[1].TTFT != want {
+		t.Errorf("a's TTFT %v, want %v", done[1].TTFT, want)
+	}
+	if stored != 25+2 {
+		t.Errorf("%d blocks stored, want a's 25 and b's 2", stored)
+	}
+	if err := s.Submit("big", seqTokens(0, 4000), 1, time.Second); !errors.Is(err, errTooLarge) {
+		t.Errorf("an oversize request: %v", err)
+	}
+	if st := s.Stats(); st.Steps != 4 || st.ITL.Count() != 2 {
+		t.Errorf("stats: %d steps, %d ITL samples; want 4 and 2", st.Steps, st.ITL.Count())
 	}
 }

@@ -83,3 +83,37 @@ func TestPrefillCompleteAttemptActsOnlyOnThatBooking(t *testing.T) {
 	wantLoad(t, l, w1r0, Load{ActiveRequests: 1})
 	checkInvariants(t, l)
 }
+
+func TestPartitionRates(t *testing.T) {
+	l := newTracking()
+	if got := l.PartitionArrivalRate("m:g"); got != 0 {
+		t.Fatalf("arrival rate %v before any booking", got)
+	}
+	// Bookings every 250 ms on two workers of one partition: 4 per second.
+	for i := 0; i < 10; i++ {
+		c := w1r0
+		if i%2 == 1 {
+			c = w2r0
+		}
+		mustBook(t, l, Booking{ID: string(rune('a' + i)), Candidate: c, PrefillTokens: 500, Partition: "m:g", Admitted: t0.Add(time.Duration(i) * 250 * time.Millisecond)})
+	}
+	if got := l.PartitionArrivalRate("m:g"); math.Abs(got-4) > 1e-9 {
+		t.Fatalf("arrival rate %v, want 4 per second", got)
+	}
+	if got := l.PartitionArrivalRate("other:g"); got != 0 {
+		t.Fatalf("another partition has rate %v", got)
+	}
+	// Each completes 100 ms after its admission, with at least its own 500 tokens done: the pooled
+	// rate, fed by both workers, is at least 5,000 tokens/s, and each worker has its own.
+	for i := 0; i < 10; i++ {
+		_ = l.PrefillCompleteAt(string(rune('a'+i)), t0.Add(time.Duration(i)*250*time.Millisecond+100*time.Millisecond))
+	}
+	if got := l.PartitionPrefillRate("m:g"); got < 5000 {
+		t.Fatalf("pooled prefill rate %v, want ≥ 5,000 tokens/s", got)
+	}
+	for _, c := range []Candidate{w1r0, w2r0} {
+		if ld := l.Load(c); ld.PrefillRateSamples != 5 || ld.PrefillTokensPerSecond < 5000 {
+			t.Fatalf("%v: %d samples, rate %v", c, ld.PrefillRateSamples, ld.PrefillTokensPerSecond)
+		}
+	}
+}

@@ -47,6 +47,7 @@ func acceptanceOptions(t *testing.T) Options {
 	o.DecodeUsPerTok = 10000
 	o.MaxOutputTokens = 1
 	o.SerialPrefill = false
+	o.Engine = "simple" // the fast model: this test checks routing over the wire, not load dynamics
 	o.Out = t.TempDir()
 	if err := o.validate(); err != nil {
 		t.Fatal(err)

@@ -28,15 +28,16 @@ func renderSVG(res *Result) string {
 	names := make([]string, len(res.Baselines))
 	hits := make([]float64, len(res.Baselines))
 	ttfts := make([]float64, len(res.Baselines))
+	ttft90 := make([]float64, len(res.Baselines))
 	for i, bl := range res.Baselines {
-		names[i], hits[i], ttfts[i] = bl.Name, 100*bl.HitRate, bl.TTFTms.P50
+		names[i], hits[i], ttfts[i], ttft90[i] = bl.Name, 100*bl.HitRate, bl.TTFTms.P50, bl.TTFTms.P90
 		if bl.Completed == 0 {
-			hits[i], ttfts[i] = math.NaN(), math.NaN() // no figures: "no data", not a zero bar
+			hits[i], ttfts[i], ttft90[i] = math.NaN(), math.NaN(), math.NaN() // no figures: "no data", not a zero bar
 		}
 	}
 	ideal := 100 * res.Workload.IdealHitRate
 	barPanel(&b, 60, 60, 420, 260, "Prefix-cache hit rate (% of prompt tokens)", names, hits, "%.1f%%", ideal, "ideal %.1f%%")
-	barPanel(&b, 560, 60, 420, 260, "TTFT p50 (ms, simulated)", names, ttfts, "%.0f", -1, "")
+	pairPanel(&b, 560, 60, 420, 260, "TTFT p50 (solid) and p90 (light), ms, simulated", names, ttfts, ttft90)
 	timelinePanel(&b, 60, 440, 900, 230, res)
 	b.WriteString("</svg>\n")
 	return b.String()
@@ -103,6 +104,49 @@ func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []stri
 		ry := y + h - h*ref/top
 		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="6 4"/>`+"\n", x, ry, x+w, ry)
 		text(b, x+w-4, ry-4, "end", 11, "normal", fmt.Sprintf(refFmt, ref))
+	}
+}
+
+// pairPanel draws two bars per router on a log-free linear scale: a (solid, labelled) and b
+// (lighter, behind it, labelled above), e.g. TTFT p50 and p90. NaN pairs get "no data".
+func pairPanel(b *strings.Builder, x, y, w, h float64, title string, names []string, a, bv []float64) {
+	text(b, x+w/2, y-12, "middle", 13, "bold", title)
+	top := 0.0
+	for i := range a {
+		if !math.IsNaN(bv[i]) {
+			top = math.Max(top, math.Max(a[i], bv[i]))
+		}
+	}
+	top = niceMax(top * 1.15)
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y+h, x+w, y+h)
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y, x, y+h)
+	for i := 0; i <= 4; i++ {
+		v := top * float64(i) / 4
+		yy := y + h - h*float64(i)/4
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x, yy, x+w, yy)
+		text(b, x-6, yy+4, "end", 11, "normal", trimFloat(v))
+	}
+	n := float64(len(a))
+	if n == 0 {
+		return
+	}
+	slot := w / n
+	bw := slot * 0.6
+	for i := range a {
+		bx := x + slot*float64(i) + (slot-bw)/2
+		if math.IsNaN(a[i]) {
+			text(b, bx+bw/2, y+h-4, "middle", 11, "normal", "no data")
+		} else {
+			hb, ha := h*bv[i]/top, h*a[i]/top
+			fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" fill-opacity="0.35"/>`+"\n", bx, y+h-hb, bw, hb, color(i))
+			fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", bx+bw*0.2, y+h-ha, bw*0.6, ha, color(i))
+			text(b, bx+bw/2, y+h-hb-4, "middle", 10, "normal", fmt.Sprintf("%.0f", bv[i]))
+			if ha < hb-14 {
+				text(b, bx+bw/2, y+h-ha-4, "middle", 10, "normal", fmt.Sprintf("%.0f", a[i]))
+			}
+		}
+		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="11" transform="rotate(-25 %.1f %.1f)">%s</text>`+"\n",
+			bx+bw/2, y+h+14, bx+bw/2, y+h+14, html.EscapeString(names[i]))
 	}
 }
 

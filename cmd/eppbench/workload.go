@@ -245,7 +245,7 @@ type ChatConfig struct {
 var DefaultChat = ChatConfig{
 	SystemPrompts: 4,
 	SystemTokens:  [2]int{2000, 6000},
-	Conversations: 160,
+	Conversations: 120,
 	Turns:         [2]int{4, 9},
 	UserTokens:    [2]int{200, 2000},
 	OutputTokens:  [2]int{100, 400},

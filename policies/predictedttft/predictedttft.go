@@ -145,7 +145,7 @@ func (p *Params) rate(load *policies.LoadInputs) float64 {
 // hashes chain, so held blocks form a prefix), and is 0 when the host tracks no active blocks.
 func (p *Params) uncached(ctx *policies.WorkerSelectionContext, cache *policies.CacheInputs, load *policies.LoadInputs) float64 {
 	device, host, disk := cache.DeviceOverlapBlocks(), cache.HostOverlapBlocks(), cache.DiskOverlapBlocks()
-	if e := load.Engine(); e.ActiveBlocks > 0 && ctx.BlockSize() > 0 {
+	if e := load.Engine(); e.ActiveBlocks > 0 && ctx.BlockSize() > 0 && load.DecodeCostBlocks() >= e.ActiveBlocks {
 		full := ctx.ISLTokens() / ctx.BlockSize()
 		if live := full - (load.DecodeCostBlocks() - e.ActiveBlocks); live > device {
 			hostEnd, diskEnd := device+host, device+host+disk
