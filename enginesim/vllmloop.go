@@ -120,21 +120,15 @@ func (e *vllmEngine) run(ctx context.Context) {
 		for _, r := range dropped {
 			e.finishLocked(r, true)
 		}
-		if e.sched.idle() {
-			w.mu.Unlock()
-			select {
-			case <-e.wake:
-				continue
-			case <-ctx.Done():
-				e.shutdown()
-				return
-			}
+		var st plannedStep
+		var start time.Duration
+		if !e.sched.idle() {
+			start = e.stepStart()
+			st = e.sched.plan(start)
 		}
-		start := e.stepStart()
-		st := e.sched.plan(start)
 		w.mu.Unlock()
 		if len(st.items) == 0 {
-			// Nothing can run (every waiting request is blocked): wait for a change.
+			// Idle, or nothing can run (every waiting request is blocked): wait for a change.
 			select {
 			case <-e.wake:
 				continue

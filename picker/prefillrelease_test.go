@@ -156,6 +156,6 @@ type engineProbe struct{ seen *policies.EngineLoad }
 func (p *engineProbe) RequiredWorkerInputs() policies.WorkerInputs { return policies.InputsLoad }
 
 func (p *engineProbe) Score(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
-	*p.seen = c.Load().Engine()
+	*p.seen = *c.Load().Engine()
 	return 0, nil
 }

@@ -124,8 +124,9 @@ func (l LoadInputs) WithEngine(e EngineLoad) LoadInputs {
 	return l
 }
 
-// Engine returns the engine extension (kvepp); its zero value means the host measured nothing.
-func (l *LoadInputs) Engine() EngineLoad { return l.engine }
+// Engine returns the engine extension (kvepp; read-only, valid as long as l); its zero value
+// means the host measured nothing.
+func (l *LoadInputs) Engine() *EngineLoad { return &l.engine }
 
 // NewLoadInputs builds the LOAD group (host side): activePrefillTokens in tokens, decodeCostBlocks
 // = active blocks + this request's additional blocks (§10.4), activeRequests = live bookings.

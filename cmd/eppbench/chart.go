@@ -73,14 +73,7 @@ func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []stri
 		}
 	}
 	top = niceMax(top * 1.1)
-	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y+h, x+w, y+h)
-	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y, x, y+h)
-	for i := 0; i <= 4; i++ {
-		v := top * float64(i) / 4
-		yy := y + h - h*float64(i)/4
-		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x, yy, x+w, yy)
-		text(b, x-6, yy+4, "end", 11, "normal", trimFloat(v))
-	}
+	axes(b, x, y, w, h, top)
 	n := float64(len(vals))
 	if n == 0 {
 		return
@@ -96,15 +89,31 @@ func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []stri
 			fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", bx, y+h-bh, bw, bh, color(i))
 			text(b, bx+bw/2, y+h-bh-4, "middle", 11, "normal", fmt.Sprintf(valFmt, v))
 		}
-		label := names[i]
-		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="11" transform="rotate(-25 %.1f %.1f)">%s</text>`+"\n",
-			bx+bw/2, y+h+14, bx+bw/2, y+h+14, html.EscapeString(label))
+		barLabel(b, bx+bw/2, y+h+14, names[i])
 	}
 	if ref >= 0 {
 		ry := y + h - h*ref/top
 		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="6 4"/>`+"\n", x, ry, x+w, ry)
 		text(b, x+w-4, ry-4, "end", 11, "normal", fmt.Sprintf(refFmt, ref))
 	}
+}
+
+// axes draws a panel's x and y axes with four horizontal grid lines labelled 0..top.
+func axes(b *strings.Builder, x, y, w, h, top float64) {
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y+h, x+w, y+h)
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y, x, y+h)
+	for i := 0; i <= 4; i++ {
+		v := top * float64(i) / 4
+		yy := y + h - h*float64(i)/4
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x, yy, x+w, yy)
+		text(b, x-6, yy+4, "end", 11, "normal", trimFloat(v))
+	}
+}
+
+// barLabel writes a router name under a bar, rotated.
+func barLabel(b *strings.Builder, x, y float64, name string) {
+	fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="11" transform="rotate(-25 %.1f %.1f)">%s</text>`+"\n",
+		x, y, x, y, html.EscapeString(name))
 }
 
 // pairPanel draws two bars per router on a log-free linear scale: a (solid, labelled) and b
@@ -118,14 +127,7 @@ func pairPanel(b *strings.Builder, x, y, w, h float64, title string, names []str
 		}
 	}
 	top = niceMax(top * 1.15)
-	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y+h, x+w, y+h)
-	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y, x, y+h)
-	for i := 0; i <= 4; i++ {
-		v := top * float64(i) / 4
-		yy := y + h - h*float64(i)/4
-		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x, yy, x+w, yy)
-		text(b, x-6, yy+4, "end", 11, "normal", trimFloat(v))
-	}
+	axes(b, x, y, w, h, top)
 	n := float64(len(a))
 	if n == 0 {
 		return
@@ -145,8 +147,7 @@ func pairPanel(b *strings.Builder, x, y, w, h float64, title string, names []str
 				text(b, bx+bw/2, y+h-ha-4, "middle", 10, "normal", fmt.Sprintf("%.0f", a[i]))
 			}
 		}
-		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="11" transform="rotate(-25 %.1f %.1f)">%s</text>`+"\n",
-			bx+bw/2, y+h+14, bx+bw/2, y+h+14, html.EscapeString(names[i]))
+		barLabel(b, bx+bw/2, y+h+14, names[i])
 	}
 }
 

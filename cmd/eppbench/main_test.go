@@ -435,3 +435,14 @@ func TestVirtualReplay(t *testing.T) {
 		t.Fatalf("setup %+v", a.Setup)
 	}
 }
+
+func TestMachineWarning(t *testing.T) {
+	b := BaselineResult{Name: "r", MakespanSeconds: 100, EngineLagSeconds: 8 * 4}
+	if w := machineWarning(b, 8); w != "" {
+		t.Fatalf("4 %% lost: %q", w)
+	}
+	b.EngineLagSeconds = 8 * 30
+	if w := machineWarning(b, 8); !strings.Contains(w, "lost 30 %") {
+		t.Fatalf("30 %% lost: %q", w)
+	}
+}

@@ -419,6 +419,9 @@ func saturationWarnings(res *Result) []string {
 		if w := saturationWarning(b, res.Workload); w != "" {
 			out = append(out, w)
 		}
+		if w := machineWarning(b, res.Setup.Workers); w != "" {
+			out = append(out, w)
+		}
 	}
 	return out
 }
@@ -451,6 +454,27 @@ func saturationWarning(b BaselineResult, w WorkloadInfo) string {
 	return fmt.Sprintf("router %q saturated the simulated workers (%s, simulated time); its figures are unstable from run to run. "+
 		"Use more --workers, fewer requests (--limit) or a cheaper timing model (--prefill-us-per-token); if dispatch_lag_ms "+
 		"in result.json is high, the machine is the bottleneck: lower --speedup.", b.Name, strings.Join(why, "; "))
+}
+
+// machineLagShare is the share of a run's simulated time the engines may lose to a machine that
+// falls behind before machineWarning speaks.
+const machineLagShare = 0.05
+
+// machineWarning reports, or returns "", that the machine running the benchmark fell behind during
+// router b's replay: its simulated engines lost more than 5 % of the run to steps that started late
+// (engine_lag_seconds per worker over the makespan), which slows every request and makes the
+// figures describe the machine rather than the router.
+func machineWarning(b BaselineResult, workers int) string {
+	if workers < 1 || b.MakespanSeconds <= 0 {
+		return ""
+	}
+	share := b.EngineLagSeconds / float64(workers) / b.MakespanSeconds
+	if share <= machineLagShare {
+		return ""
+	}
+	return fmt.Sprintf("router %q: the machine fell behind, so the simulated engines lost %.0f %% of the run to late steps "+
+		"(engine_lag_seconds in result.json); its latencies describe the machine, not the router. Rerun on a quieter machine, "+
+		"lower --speedup, or use --virtual.", b.Name, 100*share)
 }
 
 func fmtMs(ms float64) string {

@@ -145,17 +145,16 @@ func (p *Params) rate(load *policies.LoadInputs) float64 {
 // hashes chain, so held blocks form a prefix), and is 0 when the host tracks no active blocks.
 func (p *Params) uncached(ctx *policies.WorkerSelectionContext, cache *policies.CacheInputs, load *policies.LoadInputs) float64 {
 	device, host, disk := cache.DeviceOverlapBlocks(), cache.HostOverlapBlocks(), cache.DiskOverlapBlocks()
-	if e := load.Engine(); e.ActiveBlocks > 0 && ctx.BlockSize() > 0 && load.DecodeCostBlocks() >= e.ActiveBlocks {
+	if active := load.Engine().ActiveBlocks; active > 0 && ctx.BlockSize() > 0 && load.DecodeCostBlocks() >= active {
 		full := ctx.ISLTokens() / ctx.BlockSize()
-		if live := full - (load.DecodeCostBlocks() - e.ActiveBlocks); live > device {
+		if live := full - (load.DecodeCostBlocks() - active); live > device {
 			hostEnd, diskEnd := device+host, device+host+disk
 			device = live
 			host = max(hostEnd-device, 0)
 			disk = max(diskEnd-max(device, hostEnd), 0)
 		}
 	}
-	w := policies.RouterConfig{HostCacheHitWeight: p.HostCacheHitWeight, DiskCacheHitWeight: p.DiskCacheHitWeight}
-	cached := defaultcost.CachedTokens(w, device, host, disk, ctx.BlockSize())
+	cached := defaultcost.WeightedCachedTokens(p.HostCacheHitWeight, p.DiskCacheHitWeight, device, host, disk, ctx.BlockSize())
 	return float64(defaultcost.EffectivePrefillTokens(ctx.ISLTokens(), cached))
 }
 
@@ -211,6 +210,7 @@ type DelayAwarePicker struct {
 	Params   Params
 	uncached []float64
 	total    []float64
+	rates    []float64
 }
 
 var _ policies.WorkerPicker = (*DelayAwarePicker)(nil)
@@ -228,7 +228,7 @@ func (p *DelayAwarePicker) Pick(ctx *policies.WorkerSelectionContext, view *poli
 	if n == 0 {
 		return 0, policies.Failed(TypeName + ": no eligible worker")
 	}
-	p.uncached, p.total = p.uncached[:0], p.total[:0]
+	p.uncached, p.total, p.rates = p.uncached[:0], p.total[:0], p.rates[:0]
 	least := math.Inf(1)
 	for row := 0; row < n; row++ {
 		cache, load := view.Cache(row), view.Load(row)
@@ -237,12 +237,13 @@ func (p *DelayAwarePicker) Pick(ctx *policies.WorkerSelectionContext, view *poli
 		}
 		u := p.Params.uncached(ctx, cache, load)
 		p.uncached = append(p.uncached, u)
+		p.rates = append(p.rates, p.Params.rate(load))
 		least = min(least, u)
 	}
 	best, bestRow := math.Inf(1), 0
 	for row := 0; row < n; row++ {
 		load := view.Load(row)
-		r := p.Params.rate(load)
+		r := p.rates[row]
 		e := load.Engine()
 		perWorker := 0.0
 		if e.PoolCandidates > 0 {
@@ -258,7 +259,7 @@ func (p *DelayAwarePicker) Pick(ctx *policies.WorkerSelectionContext, view *poli
 	}
 	// Near ties: within NearTieTokens of prefill work (at the best row's rate) of the lowest cost
 	// the prediction cannot tell the candidates apart, so the lighter decode load decides.
-	tie := best + p.Params.NearTieTokens/p.Params.rate(view.Load(bestRow))
+	tie := best + p.Params.NearTieTokens/p.rates[bestRow]
 	return leastbusy.BestRow(ctx, n, func(a, b int) int {
 		ta, tb := p.total[a] <= tie, p.total[b] <= tie
 		switch {
