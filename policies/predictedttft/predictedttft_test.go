@@ -21,7 +21,9 @@ func worker(id uint64, queued, cached int) policytest.Candidate {
 		Engine: policies.EngineLoad{PrefillTokensPerSecond: 10000, PrefillRateSamples: 50}}
 }
 
-func params() predictedttft.Params { return predictedttft.DefaultParams(policies.DefaultRouterConfig()) }
+func params() predictedttft.Params {
+	return predictedttft.DefaultParams(policies.DefaultRouterConfig())
+}
 
 func ctx(isl int) *policies.WorkerSelectionContext {
 	return policies.NewWorkerSelectionContext(policies.ContextParams{ISLTokens: isl, BlockSize: bs})
