@@ -70,6 +70,7 @@ type Options struct {
 	MaxBatchedTokens int      // --max-num-batched-tokens: vllm engine token budget per step (0 = the profile's)
 	Stream           string   // --stream: true, false, or the fraction of requests streamed
 	Virtual          bool     // --virtual: replay in simulated time, in-process (no sockets, no wall clock)
+	Conversations    int      // --conversations: chat demo conversations (0 = DefaultChat's)
 	streamFraction   float64  // Stream parsed: 1 = every request streamed, 0 = none
 }
 
@@ -115,6 +116,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.Trace, "trace", "", "Mooncake trace (JSONL); empty = the built-in synthetic multi-turn chat workload")
 	fs.IntVar(&o.Limit, "limit", 0, "replay only the first N requests (0 = all)")
+	fs.IntVar(&o.Conversations, "conversations", 0, fmt.Sprintf("chat demo: number of conversations (0 = %d); more conversations load the pool harder", DefaultChat.Conversations))
 	fs.IntVar(&o.Skip, "skip", 0, "trace: skip the first N requests, so --limit takes a later window (caches start cold)")
 	fs.Float64Var(&o.Speedup, "speedup", 0, fmt.Sprintf("time compression: wall = simulated / speedup (0 = %d for the chat demo, %d for traces)", synthSpeedup, traceSpeedup))
 	fs.IntVar(&o.Workers, "workers", o.Workers, "simulated vLLM workers")
@@ -176,6 +178,8 @@ func (o *Options) validate() error {
 	switch {
 	case o.Limit < 0:
 		return fmt.Errorf("--limit %d must be ≥ 0", o.Limit)
+	case o.Conversations < 0 || (o.Conversations > 0 && o.Trace != ""):
+		return fmt.Errorf("--conversations %d must be ≥ 0 and is for the chat demo (no --trace)", o.Conversations)
 	case o.Skip < 0 || (o.Skip > 0 && o.Trace == ""):
 		return fmt.Errorf("--skip %d must be ≥ 0 and needs --trace", o.Skip)
 	case strings.TrimSpace(o.Out) == "":
@@ -341,7 +345,11 @@ func loadWorkload(o Options) (*Workload, error) {
 			w.Requests = w.Requests[o.Skip:]
 		}
 	} else {
-		w, err = SyntheticChat(DefaultChat, o.Seed, o.Limit)
+		chat := DefaultChat
+		if o.Conversations > 0 {
+			chat.Conversations = o.Conversations
+		}
+		w, err = SyntheticChat(chat, o.Seed, o.Limit)
 	}
 	if err != nil {
 		return nil, err
