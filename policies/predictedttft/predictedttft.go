@@ -30,8 +30,8 @@
 // with the workers that hold their history. The optional recompute_weight (default 0) charges the
 // prefill a choice makes the pool redo at a fixed weight, for operators who value cache hits over
 // time to first token. Candidates whose cost is within near_tie_tokens of prefill work of the
-// lowest are near ties: the one with the fewest active requests (the lighter decode load) wins,
-// exact ties uniformly at random.
+// lowest are near ties: the lighter decode load after placing the request (decode_cost_blocks)
+// wins, then the lower cost, exact ties uniformly at random.
 package predictedttft
 
 import (
@@ -70,7 +70,8 @@ type Params struct {
 	KVPressureWeight float64
 	// NearTieTokens is the prefill work (tokens, ≥ 0) within which two candidates' costs count as
 	// equal: among the candidates within NearTieTokens / rate of the lowest cost the one with the
-	// fewest active requests wins, exact ties uniformly at random.
+	// lightest decode load after placing the request (decode_cost_blocks) wins, then the lower
+	// cost, exact ties uniformly at random.
 	NearTieTokens float64
 	// HostCacheHitWeight and DiskCacheHitWeight weigh host-pinned and disk (+ external) overlap
 	// beyond the device prefix as cached tokens, as the built-in cost does (router configuration).
@@ -202,7 +203,7 @@ func (s *TTFTScorer) Score(ctx *policies.WorkerSelectionContext, c *policies.Wor
 
 // DelayAwarePicker picks the row with the lowest cost (package documentation): the scorers' cost
 // (the predicted TTFT) plus the delay the request's prefill imposes on later arrivals and, with
-// RecomputeWeight, the prefill the pool redoes; near ties go to the fewest active requests, exact
+// RecomputeWeight, the prefill the pool redoes; near ties go to the lightest decode load, exact
 // ties uniformly at random. It declares CACHE | LOAD and reuses its buffers, so it allocates only
 // when the candidate count grows.
 type DelayAwarePicker struct {
@@ -258,13 +259,17 @@ func (p *DelayAwarePicker) Pick(ctx *policies.WorkerSelectionContext, view *poli
 		}
 	}
 	// Near ties: within NearTieTokens of prefill work (at the best row's rate) of the lowest cost
-	// the prediction cannot tell the candidates apart, so the lighter decode load decides.
+	// the prediction cannot tell the candidates apart, so the lighter decode load after placing
+	// the request (decode_cost_blocks, §10.4: the blocks live bookings hold plus the request's
+	// blocks they do not) decides, then the cost.
 	tie := best + p.Params.NearTieTokens/p.rates[bestRow]
 	return leastbusy.BestRow(ctx, n, func(a, b int) int {
 		ta, tb := p.total[a] <= tie, p.total[b] <= tie
 		switch {
 		case ta && tb:
-			return cmp.Compare(view.Load(a).ActiveRequests(), view.Load(b).ActiveRequests())
+			if c := cmp.Compare(view.Load(a).DecodeCostBlocks(), view.Load(b).DecodeCostBlocks()); c != 0 {
+				return c
+			}
 		case ta:
 			return -1
 		case tb:

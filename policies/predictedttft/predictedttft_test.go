@@ -132,10 +132,10 @@ func TestPredictedTTFTDecisions(t *testing.T) {
 		}
 	})
 	t.Run("near ties go to the lighter decode load", func(t *testing.T) {
-		// Worker 2 caches the shared first 32 blocks (512 tokens ahead) but runs 40 requests;
-		// worker 1 is fresh with 2 running requests.
+		// Worker 2 caches the shared first 32 blocks (512 tokens ahead) but decodes 40 requests
+		// (4,000 blocks after placing this one); worker 1 is fresh with 2 (300 blocks).
 		a, b := worker(1, 0, 0), worker(2, 0, 32)
-		a.Requests, b.Requests = 2, 40
+		a.DecodeCost, b.DecodeCost = 300, 4000
 		for i := 0; i < 20; i++ {
 			if got := pick(t, pol, 4000, rng, policytest.Source{a, b}); got != 1 {
 				t.Fatalf("got worker %d, want the lighter worker 1", got)
@@ -144,6 +144,17 @@ func TestPredictedTTFTDecisions(t *testing.T) {
 		tight := policytest.NewPolicy(t, predictedttft.Provider, `{"near_tie_tokens": 0}`)
 		if got := pick(t, tight, 4000, rng, policytest.Source{a, b}); got != 2 {
 			t.Fatalf("with near_tie_tokens 0 got worker %d, want the cached worker 2", got)
+		}
+	})
+	t.Run("a near tie with equal decode load goes to the lower cost", func(t *testing.T) {
+		// The same prompt again: worker 1 holds it (live or cached), worker 2 does not; placing it
+		// on either leaves the same decode load, so the cache wins.
+		a, b := worker(1, 0, 250), worker(2, 0, 0)
+		a.DecodeCost, b.DecodeCost = 250, 250
+		for i := 0; i < 20; i++ {
+			if got := pick(t, pol, 4000, rng, policytest.Source{a, b}); got != 1 {
+				t.Fatalf("got worker %d, want worker 1 which caches the prompt", got)
+			}
 		}
 	})
 	t.Run("exact ties are broken uniformly at random", func(t *testing.T) {
