@@ -74,14 +74,8 @@ func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []stri
 	}
 	top = niceMax(top * 1.1)
 	axes(b, x, y, w, h, top)
-	n := float64(len(vals))
-	if n == 0 {
-		return
-	}
-	slot := w / n
-	bw := slot * 0.6
-	for i, v := range vals {
-		bx := x + slot*float64(i) + (slot-bw)/2
+	eachBar(x, w, len(vals), func(i int, bx, bw float64) {
+		v := vals[i]
 		if math.IsNaN(v) {
 			text(b, bx+bw/2, y+h-4, "middle", 11, "normal", "no data")
 		} else {
@@ -90,7 +84,7 @@ func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []stri
 			text(b, bx+bw/2, y+h-bh-4, "middle", 11, "normal", fmt.Sprintf(valFmt, v))
 		}
 		barLabel(b, bx+bw/2, y+h+14, names[i])
-	}
+	})
 	if ref >= 0 {
 		ry := y + h - h*ref/top
 		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="6 4"/>`+"\n", x, ry, x+w, ry)
@@ -128,14 +122,7 @@ func pairPanel(b *strings.Builder, x, y, w, h float64, title string, names []str
 	}
 	top = niceMax(top * 1.15)
 	axes(b, x, y, w, h, top)
-	n := float64(len(a))
-	if n == 0 {
-		return
-	}
-	slot := w / n
-	bw := slot * 0.6
-	for i := range a {
-		bx := x + slot*float64(i) + (slot-bw)/2
+	eachBar(x, w, len(a), func(i int, bx, bw float64) {
 		if math.IsNaN(a[i]) {
 			text(b, bx+bw/2, y+h-4, "middle", 11, "normal", "no data")
 		} else {
@@ -148,6 +135,19 @@ func pairPanel(b *strings.Builder, x, y, w, h float64, title string, names []str
 			}
 		}
 		barLabel(b, bx+bw/2, y+h+14, names[i])
+	})
+}
+
+// eachBar lays n bars out over the width w starting at x (each 60 % of its slot, centred) and
+// calls draw with each bar's index, left edge and width.
+func eachBar(x, w float64, n int, draw func(i int, bx, bw float64)) {
+	if n == 0 {
+		return
+	}
+	slot := w / float64(n)
+	bw := slot * 0.6
+	for i := 0; i < n; i++ {
+		draw(i, x+slot*float64(i)+(slot-bw)/2, bw)
 	}
 }
 
