@@ -73,7 +73,7 @@ func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []stri
 		}
 	}
 	top = niceMax(top * 1.1)
-	axes(b, x, y, w, h, top)
+	axes(b, x, y, w, h, top, "")
 	eachBar(x, w, len(vals), func(i int, bx, bw float64) {
 		v := vals[i]
 		if math.IsNaN(v) {
@@ -92,15 +92,16 @@ func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []stri
 	}
 }
 
-// axes draws a panel's x and y axes with four horizontal grid lines labelled 0..top.
-func axes(b *strings.Builder, x, y, w, h, top float64) {
+// axes draws a panel's x and y axes with four horizontal grid lines labelled 0..top, each label
+// followed by unit ("%", or "" for none).
+func axes(b *strings.Builder, x, y, w, h, top float64, unit string) {
 	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y+h, x+w, y+h)
 	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y, x, y+h)
 	for i := 0; i <= 4; i++ {
 		v := top * float64(i) / 4
 		yy := y + h - h*float64(i)/4
 		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x, yy, x+w, yy)
-		text(b, x-6, yy+4, "end", 11, "normal", trimFloat(v))
+		text(b, x-6, yy+4, "end", 11, "normal", trimFloat(v)+unit)
 	}
 }
 
@@ -121,7 +122,7 @@ func pairPanel(b *strings.Builder, x, y, w, h float64, title string, names []str
 		}
 	}
 	top = niceMax(top * 1.15)
-	axes(b, x, y, w, h, top)
+	axes(b, x, y, w, h, top, "")
 	eachBar(x, w, len(a), func(i int, bx, bw float64) {
 		if math.IsNaN(a[i]) {
 			text(b, bx+bw/2, y+h-4, "middle", 11, "normal", "no data")
@@ -169,14 +170,7 @@ func timelinePanel(b *strings.Builder, x, y, w, h float64, res *Result) {
 	if span <= 0 {
 		span = 1
 	}
-	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y+h, x+w, y+h)
-	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y, x, y+h)
-	for i := 0; i <= 4; i++ {
-		v := top * float64(i) / 4
-		yy := y + h - h*float64(i)/4
-		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x, yy, x+w, yy)
-		text(b, x-6, yy+4, "end", 11, "normal", trimFloat(v)+"%")
-	}
+	axes(b, x, y, w, h, top, "%")
 	for i := 0; i <= 5; i++ {
 		t := span * float64(i) / 5
 		xx := x + w*float64(i)/5
