@@ -123,8 +123,8 @@ func TestRegistry(t *testing.T) {
 			t.Fatalf("Register into a new registry: %v", err)
 		}
 	})
-	t.Run("Builtins holds the whole compiled-in catalog of issue 5", func(t *testing.T) {
-		want := []string{"dynamo-default-cost-fn", "least-active-requests", "least-busy", "random",
+	t.Run("Builtins holds the whole compiled-in catalog of issues 5 and 12", func(t *testing.T) {
+		want := []string{"dynamo-default-cost-fn", "least-active-requests", "least-busy", "predicted-ttft", "random",
 			"round-robin", "softmax-sampling", "stacked-load-cache", "subagent-group-affinity",
 			"tool-result-cache-local", "two-tier-cache-aware"}
 		if diff := cmp.Diff(want, catalog.Builtins().Types()); diff != "" {
@@ -430,3 +430,45 @@ func (s fixedSource) Load(i int) policies.LoadInputs {
 	return policies.NewLoadInputs(0, 0, s.requests[i])
 }
 func (s fixedSource) Routing(i int) policies.RoutingInputs { return policies.RoutingInputs{} }
+
+func TestResolveWithDefault(t *testing.T) {
+	reg := catalog.Builtins()
+	t.Run("nothing selected: the host's default type, named after it", func(t *testing.T) {
+		res, err := catalog.ResolveWithDefault(reg, nil, "", "round-robin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Name != "round-robin" || res.Type != "round-robin" || res.Builtin || res.Source != catalog.SourceHostDefault || res.Factory == nil {
+			t.Fatalf("%+v", res)
+		}
+	})
+	t.Run("an explicit default still selects the built-in policy", func(t *testing.T) {
+		for _, c := range []struct {
+			cfg      *catalog.Config
+			override string
+		}{{nil, "default"}, {mustParse(t, "worker_selection: {default: default}"), ""}} {
+			res, err := catalog.ResolveWithDefault(reg, c.cfg, c.override, "round-robin")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.Builtin || res.Type != "dynamo-default-cost-fn" {
+				t.Fatalf("%+v", res)
+			}
+		}
+	})
+	t.Run("a configured default instance wins", func(t *testing.T) {
+		res, err := catalog.ResolveWithDefault(reg, mustParse(t, twoInstances), "", "round-robin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Name != "fast" {
+			t.Fatalf("%+v", res)
+		}
+	})
+	t.Run("an unregistered default type falls back to the built-in policy", func(t *testing.T) {
+		res, err := catalog.ResolveWithDefault(catalog.NewRegistry(), nil, "", "round-robin")
+		if err != nil || !res.Builtin {
+			t.Fatalf("%+v, %v", res, err)
+		}
+	})
+}

@@ -264,6 +264,44 @@ func Resolve(reg *Registry, cfg *Config, override string) (*Resolution, error) {
 	return res, nil
 }
 
+// SourceHostDefault is Resolution.Source when nothing selected a policy and ResolveWithDefault
+// used the host's default type.
+const SourceHostDefault = "host default"
+
+// ResolveWithDefault is Resolve for a host whose own default policy is not the built-in one: when
+// neither override nor worker_selection.default selects anything, it builds an instance of
+// defaultType (registered in reg) with no parameters, named after the type, instead of the
+// built-in policy. Selecting "default" explicitly still gives the built-in policy. With
+// defaultType "" or not registered it is Resolve. The EPP uses it to run predicted-ttft out of the
+// box, while `epp select-service` keeps the documented built-in default (selection-service.md
+// §18.1). Errors: as Resolve, and the default type's provider error.
+func ResolveWithDefault(reg *Registry, cfg *Config, override, defaultType string) (*Resolution, error) {
+	res, err := Resolve(reg, cfg, override)
+	if err != nil || res.Source != "built-in default" || defaultType == "" {
+		return res, err
+	}
+	if reg == nil {
+		reg = Builtins()
+	}
+	provider, ok := reg.Lookup(defaultType)
+	if !ok {
+		return res, nil
+	}
+	params, err := policies.NewPolicyParameters(nil)
+	if err != nil {
+		return nil, err
+	}
+	factory, err := callProvider(provider, params)
+	if err != nil {
+		return nil, fmt.Errorf("default policy type %q: %w", defaultType, err)
+	}
+	if factory == nil {
+		return nil, fmt.Errorf("default policy type %q: provider returned no factory", defaultType)
+	}
+	res.Name, res.Type, res.Builtin, res.Source, res.Factory = defaultType, defaultType, false, SourceHostDefault, factory
+	return res, nil
+}
+
 // callProvider runs a provider, turning a panic into an error so bad input never crashes startup.
 func callProvider(p policies.Provider, params policies.PolicyParameters) (f policies.PolicyFactory, err error) {
 	defer func() {

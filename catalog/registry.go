@@ -21,6 +21,7 @@ import (
 	"github.com/kvepp/kvepp/policies/defaultcost"
 	"github.com/kvepp/kvepp/policies/leastactiverequests"
 	"github.com/kvepp/kvepp/policies/leastbusy"
+	"github.com/kvepp/kvepp/policies/predictedttft"
 	"github.com/kvepp/kvepp/policies/random"
 	"github.com/kvepp/kvepp/policies/roundrobin"
 	"github.com/kvepp/kvepp/policies/softmaxsampling"
@@ -128,6 +129,7 @@ var compiledIn = []struct {
 	{roundrobin.TypeName, roundrobin.Provider},
 	{random.TypeName, random.Provider},
 	{leastactiverequests.TypeName, leastactiverequests.Provider},
+	{predictedttft.TypeName, predictedttft.Provider},
 }
 
 // Builtins returns a new registry holding every compiled-in policy type (`cmd/epp` passes it to

@@ -17,6 +17,13 @@ type prefixCache struct {
 
 	blocks map[uint64]*cacheBlock
 	lru    *list.List // unpinned blocks; Front is evicted first
+	// anon counts blocks held by running requests without a cached hash (the vLLM engine model's
+	// partially filled, not yet stored and generated-token blocks). They occupy capacity like
+	// cached blocks but are never looked up or evicted. Always 0 in the simple engine.
+	anon int
+	// deadHeld counts blocks dropped by clear that requests still hold: they stay in GPU memory
+	// until released. Only the vLLM engine model's occupancy reads it.
+	deadHeld int
 
 	stored, evicted uint64 // counters, in blocks
 }
@@ -26,6 +33,7 @@ type cacheBlock struct {
 	refs int
 	elem *list.Element // non-nil while unpinned and cached
 	dead bool          // evicted or cleared; a holder only drops its reference
+	held bool          // dead but still held by a request (counted in deadHeld)
 }
 
 func newPrefixCache(blockSize, capacity int, seed uint64) *prefixCache {
@@ -113,7 +121,7 @@ func (c *prefixCache) commit(pinned []*cacheBlock, hashes []uint64) commitResult
 			res.pinned = append(res.pinned, b)
 			continue
 		}
-		if len(c.blocks) >= c.capacity {
+		if len(c.blocks)+c.anon >= c.capacity {
 			front := c.lru.Front()
 			if front == nil {
 				break // everything is pinned: the rest of the prompt is not cached
@@ -143,6 +151,10 @@ func (c *prefixCache) remove(b *cacheBlock) {
 func (c *prefixCache) unpin(b *cacheBlock) {
 	if b.refs > 0 {
 		b.refs--
+		if b.refs == 0 && b.dead && b.held {
+			b.held = false
+			c.deadHeld--
+		}
 	}
 	if b.refs == 0 && !b.dead && b.elem == nil {
 		b.elem = c.lru.PushBack(b)
@@ -162,6 +174,10 @@ func (c *prefixCache) clear() {
 	for _, b := range c.blocks {
 		b.dead = true
 		b.elem = nil
+		if b.refs > 0 {
+			b.held = true
+			c.deadHeld++
+		}
 	}
 	c.blocks = make(map[uint64]*cacheBlock)
 	c.lru.Init()
@@ -176,4 +192,83 @@ func (c *prefixCache) contains(h uint64) bool {
 // size returns the number of cached blocks and how many of them are pinned.
 func (c *prefixCache) size() (cached, pinned int) {
 	return len(c.blocks), len(c.blocks) - c.lru.Len()
+}
+
+// The methods below serve the vLLM engine model (vllm.go), where the cache is the worker's whole
+// KV block pool: running requests hold blocks (cached prompt blocks pinned, every other block
+// anonymous), free blocks are either unused or cached and unpinned (evictable, LRU).
+
+// freeBlocks is the number of blocks an allocation can take now: unused ones plus cached blocks
+// no running request holds.
+func (c *prefixCache) freeBlocks() int {
+	return c.capacity - len(c.blocks) - c.anon - c.deadHeld + c.lru.Len()
+}
+
+// usedBlocks is the number of blocks running requests hold (pinned cached plus anonymous).
+func (c *prefixCache) usedBlocks() int { return len(c.blocks) - c.lru.Len() + c.anon + c.deadHeld }
+
+// lookup returns the length of the cached prefix of hashes, in blocks, capped at maxHit, and how
+// many of those blocks no request holds (pinning them takes them off the free list).
+func (c *prefixCache) lookup(hashes []uint64, maxHit int) (hit, unpinned int) {
+	for _, h := range hashes[:min(maxHit, len(hashes))] {
+		b, ok := c.blocks[h]
+		if !ok {
+			break
+		}
+		hit++
+		if b.refs == 0 {
+			unpinned++
+		}
+	}
+	return hit, unpinned
+}
+
+// pinPrefix pins the first n blocks of hashes (all cached, as lookup found) and appends them to
+// dst.
+func (c *prefixCache) pinPrefix(hashes []uint64, n int, dst []*cacheBlock) []*cacheBlock {
+	for _, h := range hashes[:n] {
+		b := c.blocks[h]
+		c.pin(b)
+		dst = append(dst, b)
+	}
+	return dst
+}
+
+// allocAnon takes n anonymous blocks, evicting least recently used unpinned cached blocks when no
+// unused block is left, and appends the evicted hashes to removed. The caller has checked
+// freeBlocks() ≥ n.
+func (c *prefixCache) allocAnon(n int, removed []uint64) []uint64 {
+	for i := 0; i < n; i++ {
+		if len(c.blocks)+c.anon+c.deadHeld >= c.capacity {
+			front := c.lru.Front()
+			if front == nil {
+				panic("enginesim: KV block pool overcommitted") // the scheduler checks freeBlocks first
+			}
+			victim := front.Value.(*cacheBlock)
+			c.remove(victim)
+			c.evicted++
+			removed = append(removed, victim.hash)
+		}
+		c.anon++
+	}
+	return removed
+}
+
+// releaseAnon returns n anonymous blocks to the pool.
+func (c *prefixCache) releaseAnon(n int) { c.anon -= n }
+
+// storeAnon caches block h for a request that computed it in one of its anonymous blocks and
+// returns the block, pinned by the request. If h is cached already (another request computed the
+// same block meanwhile, or the request's own prompt was cached in full and its last block was
+// recomputed) the request pins that copy and its anonymous block is freed: one copy per hash.
+func (c *prefixCache) storeAnon(h uint64) *cacheBlock {
+	c.anon--
+	if b, ok := c.blocks[h]; ok {
+		c.pin(b)
+		return b
+	}
+	b := &cacheBlock{hash: h, refs: 1}
+	c.blocks[h] = b
+	c.stored++
+	return b
 }

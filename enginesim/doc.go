@@ -61,6 +61,9 @@
 // stands for vLLM's NONE_HASH. These hashes are opaque engine ids sent in events;
 // a router re-hashes the token ids itself.
 //
+// This section describes [EngineSimple]; [EngineVLLM] uses the same hashes, hit rule,
+// LRU order and events, with the differences given under "Timing model".
+//
 // A request's prefix hit is the number of consecutive cached blocks from the
 // start, looked up when the request's prefill is scheduled (after any wait for a
 // running slot and, with [Config.SerialPrefill], for the prefill lane), as vLLM's
@@ -101,7 +104,9 @@
 //
 // All durations in [Config] are simulated time; [Config.TimeScale] converts them
 // to wall-clock time (wall = simulated × TimeScale), so 0.01 runs a hundred times
-// faster than real time. A request first waits FIFO for one of
+// faster than real time. [Config.Engine] chooses one of two models.
+//
+// [EngineSimple] (the default, for fast tests): a request first waits FIFO for one of
 // [Config.MaxRunning] running slots (and, with [Config.SerialPrefill], for the
 // worker's single prefill lane). Its simulated time to first token is
 // TTFT = queue + [Config.PrefillOverhead] + [Config.PrefillPerToken] × uncached
@@ -109,5 +114,40 @@
 // Every further output token takes [Config.DecodePerToken], so the simulated
 // end-to-end latency is TTFT + (output tokens − 1) × DecodePerToken. Running
 // requests do not slow each other down; only the running-slot limit (and the
-// optional serial prefill lane) creates contention.
+// optional serial prefill lane) creates contention. The prefix cache's capacity is
+// CapacityBlocks cached blocks.
+//
+// [EngineVLLM] models vLLM V1's scheduler, step by step, as Dynamo's mocker and Vidur
+// do. One engine loop per worker runs steps back to back:
+//
+//   - A step has a token budget, max_num_batched_tokens ([Config.MaxNumBatchedTokens],
+//     default [StepProfile.MaxNumBatchedTokens]). Running requests go first in admission
+//     order, each decoding request taking one token and a request still in prefill its
+//     next chunk; since a request is admitted behind every running one and a prefill that
+//     leaves budget over ends in that step, decoding requests always come before prefill
+//     chunks (decode first). Waiting requests that have arrived are then admitted in order
+//     while budget and running slots ([Config.MaxRunning], vLLM max_num_seqs) remain.
+//   - The KV cache is a pool of CapacityBlocks blocks (vLLM num_gpu_blocks). A running
+//     request holds the blocks of every token it has computed (prompt and generated);
+//     they are not evictable. Free blocks are unused or hold cached prompt blocks in LRU
+//     order; allocating takes unused blocks first, then evicts the least recently used
+//     cached block. A request that needs a block when none is free preempts the last
+//     running request (recompute: its blocks are freed, its progress lost, and it goes
+//     back to the front of the waiting queue, keeping the tokens it already emitted); a
+//     waiting request whose blocks do not fit stops admission for that step. A request
+//     whose prompt and max_tokens exceed the whole pool is refused with 400.
+//   - The prefix is looked up when a request is admitted; prompt blocks are cached as
+//     their chunk is computed (announced in the step's KV event batch: evicted blocks,
+//     then stored ones), so a request admitted in a later step hits them.
+//   - The step takes [StepProfile.StepTime] of what it computes: a fixed time, time per
+//     token, prefill attention per (new token, attended token) pair and decode attention
+//     per context token read. The step that completes a request's prompt samples its
+//     first token (TTFT = that step's end − arrival); each later step samples one more.
+//     [DefaultProfile] is calibrated to Llama-3.1-8B on an A100-80GB ([ProfileLlama31_8B_A100]).
+//
+// The engine clock advances by exactly each step's simulated duration; a goroutine that
+// wakes late (a busy machine) makes the next step start at once rather than late, up to
+// 250 ms of simulated time behind the wall clock, and only time beyond that is lost and
+// counted in [Stats.EngineLag]. [Sim] runs the same model in virtual time without
+// sockets or goroutines, for offline replays.
 package enginesim

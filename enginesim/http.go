@@ -323,6 +323,9 @@ func (w *Worker) serveGenerate(rw http.ResponseWriter, r *http.Request, chat boo
 		return
 	}
 	maxTokens, err := body.outputTokens(chat, w.cfg.DefaultMaxTokens)
+	if err == nil {
+		err = w.fits(len(tokens), maxTokens)
+	}
 	if err != nil {
 		writeError(rw, http.StatusBadRequest, err.Error())
 		return

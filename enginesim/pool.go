@@ -3,6 +3,7 @@ package enginesim
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Pool is a set of workers started together. It is safe for concurrent use.
@@ -85,6 +86,9 @@ type PoolStats struct {
 	PromptTokens       int64
 	CachedPromptTokens int64
 	OutputTokens       int64
+	ITL                LatencyHistogram // every worker's inter-token gaps
+	Preemptions        uint64           // EngineVLLM recompute preemptions, all workers
+	EngineLag          time.Duration    // EngineVLLM late step starts, summed over workers (simulated)
 }
 
 // HitRate returns CachedPromptTokens / PromptTokens over the whole pool, or 0
@@ -107,6 +111,9 @@ func (p *Pool) Stats() PoolStats {
 		s.PromptTokens += ws.PromptTokens
 		s.CachedPromptTokens += ws.CachedPromptTokens
 		s.OutputTokens += ws.OutputTokens
+		s.ITL.Merge(&ws.ITL)
+		s.Preemptions += ws.Preemptions
+		s.EngineLag += ws.EngineLag
 	}
 	return s
 }

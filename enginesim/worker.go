@@ -94,10 +94,59 @@ type Config struct {
 	// end-to-end latency) is unchanged; larger values only cut per-chunk work,
 	// which matters when a 2-core machine simulates many fast streams. Default 1.
 	StreamInterval int
+	// Engine selects the timing model: [EngineSimple] (the default) or [EngineVLLM]. See
+	// the package documentation, "Timing model".
+	Engine Engine
+	// Profile is [EngineVLLM]'s step-time curve and scheduler limits; the zero value
+	// means [DefaultProfile]. Ignored by EngineSimple.
+	Profile StepProfile
+	// MaxNumBatchedTokens is [EngineVLLM]'s token budget per step (vLLM
+	// max_num_batched_tokens), tokens. Default Profile.MaxNumBatchedTokens. With
+	// EngineVLLM, a zero MaxRunning defaults to Profile.MaxNumSeqs, and
+	// CapacityBlocks is the whole KV block pool (vLLM num_gpu_blocks).
+	MaxNumBatchedTokens int
 }
+
+// Engine names a timing model.
+type Engine string
+
+const (
+	// EngineSimple is the fast model: a fixed prefill cost per uncached token, a fixed time per
+	// output token, running requests that do not slow each other down, and a prefix cache of
+	// CapacityBlocks whose pinned blocks are the only memory limit.
+	EngineSimple Engine = "simple"
+	// EngineVLLM models vLLM V1's scheduler: waiting and running queues sharing a token budget
+	// per step with chunked prefill, a step time set by what the step computes ([StepProfile]),
+	// a KV block pool of CapacityBlocks where running requests' blocks are not evictable,
+	// recompute preemption when it is full, and prefix caching on the free blocks (LRU).
+	EngineVLLM Engine = "vllm"
+)
 
 // withDefaults validates cfg and fills in defaults.
 func (cfg Config) withDefaults() (Config, error) {
+	switch cfg.Engine {
+	case "":
+		cfg.Engine = EngineSimple
+	case EngineSimple:
+	case EngineVLLM:
+		if cfg.Profile == (StepProfile{}) {
+			cfg.Profile = DefaultProfile
+		}
+		if err := cfg.Profile.validate(); err != nil {
+			return cfg, err
+		}
+		if cfg.MaxNumBatchedTokens < 0 {
+			return cfg, fmt.Errorf("enginesim: MaxNumBatchedTokens %d is negative", cfg.MaxNumBatchedTokens)
+		}
+		if cfg.MaxNumBatchedTokens == 0 {
+			cfg.MaxNumBatchedTokens = cfg.Profile.MaxNumBatchedTokens
+		}
+		if cfg.MaxRunning == 0 {
+			cfg.MaxRunning = cfg.Profile.MaxNumSeqs
+		}
+	default:
+		return cfg, fmt.Errorf("enginesim: Engine %q must be %q or %q", cfg.Engine, EngineSimple, EngineVLLM)
+	}
 	ints := []struct {
 		name string
 		v    *int
@@ -168,12 +217,17 @@ type RequestRecord struct {
 	Arrival      time.Time
 	Finished     time.Time
 	// Queue is the time spent waiting for a running slot (and the serial
-	// prefill lane), measured and converted to simulated time.
+	// prefill lane), measured and converted to simulated time; with EngineVLLM, the
+	// time until the scheduler first scheduled the request.
 	Queue time.Duration
-	// TTFT = Queue + PrefillOverhead + PrefillPerToken × uncached tokens.
+	// TTFT = Queue + PrefillOverhead + PrefillPerToken × uncached tokens; with
+	// EngineVLLM, arrival to the end of the step that sampled the first token.
 	TTFT time.Duration
-	// E2E = TTFT + (OutputTokens − 1) × DecodePerToken.
+	// E2E = TTFT + (OutputTokens − 1) × DecodePerToken; with EngineVLLM, arrival
+	// to the end of the step that sampled the last token.
 	E2E time.Duration
+	// Preemptions counts how often EngineVLLM preempted the request (recompute).
+	Preemptions int
 	// Canceled is true when the client went away or the worker closed before
 	// the last token; such requests are not in the aggregate token counters.
 	Canceled bool
@@ -197,6 +251,18 @@ type Stats struct {
 	EventBatches       uint64 // KV event batches published (the next seq)
 	RecordsDropped     int64  // records not kept because of RecordLimit
 	Records            []RequestRecord
+	// ITL counts every gap between two consecutive output tokens of a request, simulated
+	// (completed and canceled requests).
+	ITL LatencyHistogram
+	// The fields below are EngineVLLM's (zero with EngineSimple).
+	UsedBlocks  int           // KV blocks running requests hold now
+	Preemptions uint64        // recompute preemptions so far
+	Steps       uint64        // scheduler steps run
+	BusyTime    time.Duration // simulated time spent in steps
+	// EngineLag is the simulated time steps started late because the machine running the
+	// simulation fell behind (goroutines woke late); it delays every request, so a large value
+	// means the figures describe the machine, not the model.
+	EngineLag time.Duration
 }
 
 // HitRate returns CachedPromptTokens / PromptTokens, or 0 with no prompt tokens.
@@ -220,7 +286,8 @@ type Worker struct {
 	pub       *publisher
 
 	slots   *fifoSem
-	prefill *fifoSem // nil unless SerialPrefill
+	prefill *fifoSem    // nil unless SerialPrefill
+	vllm    *vllmEngine // nil unless Engine is EngineVLLM
 	ids     atomic.Uint64
 
 	mu      sync.Mutex
@@ -229,6 +296,7 @@ type Worker struct {
 	running int
 	peak    int
 	stats   Stats // counters and records only
+	itl     LatencyHistogram
 
 	closeOnce sync.Once
 	closeErr  error
@@ -264,6 +332,10 @@ func Start(cfg Config) (*Worker, error) {
 	}
 	if cfg.SerialPrefill {
 		w.prefill = newFIFOSem(1)
+	}
+	if cfg.Engine == EngineVLLM {
+		w.vllm = newVLLMEngine(w)
+		go w.vllm.run(ctx)
 	}
 	w.srv = &http.Server{
 		Handler:           w.routes(),
@@ -308,8 +380,14 @@ func (w *Worker) Stats() Stats {
 	s.PeakRunning = w.peak
 	s.CachedBlocks, s.PinnedBlocks = w.cache.size()
 	s.BlocksStored, s.BlocksEvicted = w.cache.stored, w.cache.evicted
-	w.mu.Unlock()
+	s.ITL = w.itl
 	s.Waiting = w.slots.waiting()
+	if e := w.vllm; e != nil {
+		sc := e.sched
+		s.Running, s.Waiting, s.PeakRunning = len(sc.running), len(sc.waiting), sc.peak
+		s.UsedBlocks, s.Preemptions, s.Steps, s.BusyTime, s.EngineLag = w.cache.usedBlocks(), sc.preemptions, sc.steps, sc.busy, e.lag
+	}
+	w.mu.Unlock()
 	s.EventBatches = w.pub.sequence()
 	return s
 }
@@ -324,7 +402,11 @@ func (w *Worker) Reset() error {
 	if w.closed {
 		return ErrClosed
 	}
-	w.cache.clear()
+	if w.vllm != nil {
+		w.vllm.sched.reset()
+	} else {
+		w.cache.clear()
+	}
 	_, err := w.pub.publish(nowSeconds(), []Event{{Kind: AllBlocksCleared}})
 	return err
 }
@@ -346,6 +428,9 @@ func (w *Worker) Close() error {
 			err = errors.Join(err, w.srv.Close())
 		}
 		<-w.serveDone
+		if w.vllm != nil {
+			<-w.vllm.done
+		}
 		if perr := w.pub.close(); perr != nil {
 			err = errors.Join(err, perr)
 		}
@@ -411,6 +496,9 @@ func (w *Worker) sim(d time.Duration) time.Duration {
 // [Config.StreamInterval] tokens at a time; an error from it cancels the
 // request.
 func (w *Worker) execute(ctx context.Context, req *genRequest, onTokens func(from, to int) error) (rec RequestRecord, err error) {
+	if w.vllm != nil {
+		return w.executeVLLM(ctx, req, onTokens)
+	}
 	rec = RequestRecord{ID: req.id, Path: req.path, PromptTokens: len(req.tokens), Arrival: req.arrival}
 	w.mu.Lock()
 	closed := w.closed
@@ -527,6 +615,14 @@ func (w *Worker) execute(ctx context.Context, req *genRequest, onTokens func(fro
 func (w *Worker) finish(rec RequestRecord) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if rec.OutputTokens > 1 {
+		w.itl.Add(w.cfg.DecodePerToken, rec.OutputTokens-1)
+	}
+	w.finishLocked(rec)
+}
+
+// finishLocked is finish with w.mu held (the ITL gaps are the caller's).
+func (w *Worker) finishLocked(rec RequestRecord) {
 	s := &w.stats
 	if rec.Canceled {
 		s.Canceled++

@@ -614,6 +614,9 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 		PolicyClass:          st.hdr.policyClass,
 		DoNotQueue:           hints.doNotQueue,
 		Fallbacks:            st.s.cfg.MaxDestinations - 1,
+		// A response that is not streamed arrives whole, long after the prefill: the picker
+		// releases its prefill part on an estimate instead (epp.md §7, kvepp extension).
+		PrefillUnobserved: !pb.stream,
 	}
 	start := time.Now()
 	sel, err := st.s.cfg.Picker.SelectAndReserve(st.ctx, req)

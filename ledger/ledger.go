@@ -61,6 +61,10 @@ type Booking struct {
 	// (selection-service.md §15.4); 0 for a booking this process made. Book keeps it as given;
 	// Mirror requires it non-zero.
 	Origin uint64
+	// Unobserved marks a booking whose caller cannot see the engine's first token (a response
+	// that is not streamed): its prefill completion is released on an estimate and never trains
+	// the candidate's prefill rate (PrefillCompleteAt).
+	Unobserved bool
 
 	// Attempt is a process-unique, increasing number the ledger assigns to each successful Book.
 	// FreeAttempt uses it to act only on the exact booking a caller resolved (§10.6).
@@ -71,6 +75,9 @@ type Booking struct {
 	OutputBlocks uint32
 	// DecayFraction is the booking's last decay_fraction (§10.3), 1.0 if never set.
 	DecayFraction float64
+	// AheadPrefillTokens is the candidate's active prefill tokens just before this booking
+	// landed: the prefill work queued ahead of it (tokens).
+	AheadPrefillTokens uint64
 }
 
 // Load is the current load of one candidate (selection-service.md §10.3).
@@ -82,6 +89,14 @@ type Load struct {
 	ActiveBlocks uint64
 	// ActiveRequests is the number of live bookings on the candidate.
 	ActiveRequests uint64
+	// PrefillRequests is the number of live bookings with prefill tokens whose prefill is not
+	// complete yet (queued or prefilling on the engine).
+	PrefillRequests uint64
+	// PrefillTokensPerSecond is the candidate's measured prefill rate (PrefillCompleteAt), 0
+	// until enough completions were observed.
+	PrefillTokensPerSecond float64
+	// PrefillRateSamples is the number of observed completions behind PrefillTokensPerSecond.
+	PrefillRateSamples int
 }
 
 // Config configures a Ledger.
@@ -176,6 +191,8 @@ type rankState struct {
 	c        Candidate
 	prefill  wideSum // exact Σ booked prefill tokens of bookings not yet prefill-complete
 	requests uint64
+	pending  uint64 // live bookings with prefill tokens, not prefill-complete
+	rate     prefillRate
 	blocks   blockTable
 	deficit  uint64 // Σ over bookings of excl × q: how far the weighted sum is below the distinct count
 	head     int32  // first booking in this rank's list, -1 when none
@@ -183,9 +200,12 @@ type rankState struct {
 
 func (r *rankState) load() Load {
 	return Load{
-		ActivePrefillTokens: r.prefill.saturated(),
-		ActiveBlocks:        r.activeBlocks(),
-		ActiveRequests:      r.requests,
+		ActivePrefillTokens:    r.prefill.saturated(),
+		ActiveBlocks:           r.activeBlocks(),
+		ActiveRequests:         r.requests,
+		PrefillRequests:        r.pending,
+		PrefillTokensPerSecond: r.rate.tokensPerSecond(),
+		PrefillRateSamples:     r.rate.samples,
 	}
 }
 
@@ -206,6 +226,8 @@ type Ledger struct {
 	freeSlots   []int32
 	ranks       map[Candidate]*rankState
 	workers     map[uint64][]*rankState
+	partRates   map[string]*prefillRate // pooled prefill rate per Booking.Partition
+	arrivals    map[string]*arrivalRate // booking arrival rate per Booking.Partition
 	nextAttempt uint64
 	claims      int
 	live        int
@@ -214,10 +236,12 @@ type Ledger struct {
 // New returns an empty ledger.
 func New(cfg Config) *Ledger {
 	return &Ledger{
-		track:   cfg.TrackActiveBlocks,
-		ids:     make(map[string]int32),
-		ranks:   make(map[Candidate]*rankState),
-		workers: make(map[uint64][]*rankState),
+		track:     cfg.TrackActiveBlocks,
+		ids:       make(map[string]int32),
+		ranks:     make(map[Candidate]*rankState),
+		workers:   make(map[uint64][]*rankState),
+		partRates: make(map[string]*prefillRate),
+		arrivals:  make(map[string]*arrivalRate),
 	}
 }
 
@@ -282,6 +306,7 @@ func (l *Ledger) bookLocked(b Booking, claimed bool) {
 	b.PrefillCompleted = false
 	b.OutputBlocks = 0
 	b.DecayFraction = 1
+	b.AheadPrefillTokens = r.prefill.saturated()
 	s.b = b
 	s.rank = r
 	s.excl = 0
@@ -298,6 +323,15 @@ func (l *Ledger) bookLocked(b Booking, claimed bool) {
 
 	r.requests++
 	r.prefill.add(b.PrefillTokens)
+	ar := l.arrivals[b.Partition]
+	if ar == nil {
+		ar = &arrivalRate{}
+		l.arrivals[b.Partition] = ar
+	}
+	ar.observe(b.Admitted)
+	if b.PrefillTokens > 0 {
+		r.pending++
+	}
 	if l.track {
 		for _, h := range b.SequenceHashes {
 			l.hold(r, s, idx, h)
@@ -317,11 +351,22 @@ func (l *Ledger) PrefillComplete(id string) error {
 	if s == nil {
 		return notFound(id)
 	}
-	if !s.b.PrefillCompleted {
-		s.b.PrefillCompleted = true
-		s.rank.prefill.sub(s.b.PrefillTokens)
-	}
+	l.completePrefill(s)
 	return nil
+}
+
+// completePrefill removes the booking's prefill tokens from its candidate once. Caller holds
+// l.mu for writing.
+func (l *Ledger) completePrefill(s *slot) (first bool) {
+	if s.b.PrefillCompleted {
+		return false
+	}
+	s.b.PrefillCompleted = true
+	s.rank.prefill.sub(s.b.PrefillTokens)
+	if s.b.PrefillTokens > 0 {
+		s.rank.pending--
+	}
+	return true
 }
 
 // OutputBlock applies one output block to a live booking (§10.3): when tracking blocks it holds
@@ -541,9 +586,7 @@ func (l *Ledger) release(idx int32) Booking {
 	}
 	// After every unhold s.excl is 0, so its share of the deficit is gone too.
 	r.requests--
-	if !s.b.PrefillCompleted {
-		r.prefill.sub(s.b.PrefillTokens)
-	}
+	l.completePrefill(s)
 	if s.prev >= 0 {
 		l.slots[s.prev].next = s.next
 	} else {

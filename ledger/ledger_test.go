@@ -42,7 +42,7 @@ func TestBookingLifecycle(t *testing.T) {
 	t.Run("a booking adds one request, its prefill tokens and one block per sequence hash", func(t *testing.T) {
 		l := newTracking()
 		mustBook(t, l, Booking{ID: "a", Candidate: w1r0, SequenceHashes: []uint64{1, 2, 3}, PrefillTokens: 48})
-		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 48, ActiveBlocks: 3, ActiveRequests: 1})
+		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 48, ActiveBlocks: 3, PrefillRequests: 1, ActiveRequests: 1})
 		wantLoad(t, l, w1r1, Load{})
 	})
 	t.Run("prefill_complete removes the prefill tokens and keeps the blocks as decode load", func(t *testing.T) {
@@ -52,7 +52,7 @@ func TestBookingLifecycle(t *testing.T) {
 		if err := l.PrefillComplete("a"); err != nil {
 			t.Fatal(err)
 		}
-		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 5, ActiveBlocks: 3, ActiveRequests: 2})
+		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 5, ActiveBlocks: 3, PrefillRequests: 1, ActiveRequests: 2})
 	})
 	t.Run("prefill_complete is idempotent on a live booking", func(t *testing.T) {
 		l := newTracking()
@@ -63,12 +63,12 @@ func TestBookingLifecycle(t *testing.T) {
 				t.Fatalf("call %d: %v", i, err)
 			}
 		}
-		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 4, ActiveRequests: 2})
+		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 4, PrefillRequests: 1, ActiveRequests: 2})
 		b, _ := l.Free("a")
 		if !b.PrefillCompleted {
 			t.Fatal("freed booking should report PrefillCompleted")
 		}
-		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 4, ActiveRequests: 1})
+		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 4, PrefillRequests: 1, ActiveRequests: 1})
 	})
 	t.Run("free releases a booking exactly once and a second free is not found", func(t *testing.T) {
 		l := newTracking()
@@ -343,7 +343,7 @@ func TestTrackActiveBlocksOff(t *testing.T) {
 		if err := l.OutputBlock("a", ptr(0.5), 9); err != nil {
 			t.Fatal(err)
 		}
-		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 7, ActiveRequests: 1})
+		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 7, PrefillRequests: 1, ActiveRequests: 1})
 		if got := l.AdditionalBlocks(w1r0, []uint64{1, 2, 3}); got != 3 {
 			t.Fatalf("AdditionalBlocks = %d, want 3 (nothing is live)", got)
 		}
@@ -407,7 +407,7 @@ func TestFreeWorker(t *testing.T) {
 		checkInvariants(t, l)
 		wantLoad(t, l, w1r0, Load{})
 		wantLoad(t, l, w1r1, Load{})
-		wantLoad(t, l, w2r0, Load{ActivePrefillTokens: 3, ActiveBlocks: 1, ActiveRequests: 1})
+		wantLoad(t, l, w2r0, Load{ActivePrefillTokens: 3, ActiveBlocks: 1, PrefillRequests: 1, ActiveRequests: 1})
 		if _, err := l.Free("b"); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("Free after FreeWorker: %v", err)
 		}
@@ -462,30 +462,30 @@ func TestPrefillTokensNeverWrap(t *testing.T) {
 		{
 			name: "two bookings of 2^64-1 and 1 tokens saturate instead of wrapping to 0",
 			steps: []step{
-				{op: "book", id: "a", toks: maxU, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 1}},
-				{op: "book", id: "b", toks: 1, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 2}},
+				{op: "book", id: "a", toks: maxU, want: Load{ActivePrefillTokens: maxU, PrefillRequests: 1, ActiveRequests: 1}},
+				{op: "book", id: "b", toks: 1, want: Load{ActivePrefillTokens: maxU, PrefillRequests: 2, ActiveRequests: 2}},
 			},
 		},
 		{
 			name: "freeing after saturation returns exactly to the remaining bookings' sum and then to 0",
 			steps: []step{
-				{op: "book", id: "a", toks: maxU, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 1}},
-				{op: "book", id: "b", toks: 7, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 2}},
-				{op: "book", id: "c", toks: maxU - 3, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 3}},
-				{op: "free", id: "a", want: Load{ActivePrefillTokens: maxU, ActiveRequests: 2}},
-				{op: "free", id: "c", want: Load{ActivePrefillTokens: 7, ActiveRequests: 1}},
+				{op: "book", id: "a", toks: maxU, want: Load{ActivePrefillTokens: maxU, PrefillRequests: 1, ActiveRequests: 1}},
+				{op: "book", id: "b", toks: 7, want: Load{ActivePrefillTokens: maxU, PrefillRequests: 2, ActiveRequests: 2}},
+				{op: "book", id: "c", toks: maxU - 3, want: Load{ActivePrefillTokens: maxU, PrefillRequests: 3, ActiveRequests: 3}},
+				{op: "free", id: "a", want: Load{ActivePrefillTokens: maxU, PrefillRequests: 2, ActiveRequests: 2}},
+				{op: "free", id: "c", want: Load{ActivePrefillTokens: 7, PrefillRequests: 1, ActiveRequests: 1}},
 				{op: "free", id: "b", want: Load{}},
 			},
 		},
 		{
 			name: "prefill_complete after saturation subtracts exactly",
 			steps: []step{
-				{op: "book", id: "a", toks: maxU, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 1}},
-				{op: "book", id: "b", toks: maxU, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 2}},
-				{op: "book", id: "c", toks: 5, want: Load{ActivePrefillTokens: maxU, ActiveRequests: 3}},
-				{op: "prefill_complete", id: "b", want: Load{ActivePrefillTokens: maxU, ActiveRequests: 3}},
-				{op: "prefill_complete", id: "a", want: Load{ActivePrefillTokens: 5, ActiveRequests: 3}},
-				{op: "free", id: "a", want: Load{ActivePrefillTokens: 5, ActiveRequests: 2}},
+				{op: "book", id: "a", toks: maxU, want: Load{ActivePrefillTokens: maxU, PrefillRequests: 1, ActiveRequests: 1}},
+				{op: "book", id: "b", toks: maxU, want: Load{ActivePrefillTokens: maxU, PrefillRequests: 2, ActiveRequests: 2}},
+				{op: "book", id: "c", toks: 5, want: Load{ActivePrefillTokens: maxU, PrefillRequests: 3, ActiveRequests: 3}},
+				{op: "prefill_complete", id: "b", want: Load{ActivePrefillTokens: maxU, PrefillRequests: 2, ActiveRequests: 3}},
+				{op: "prefill_complete", id: "a", want: Load{ActivePrefillTokens: 5, PrefillRequests: 1, ActiveRequests: 3}},
+				{op: "free", id: "a", want: Load{ActivePrefillTokens: 5, PrefillRequests: 1, ActiveRequests: 2}},
 				{op: "free", id: "c", want: Load{ActiveRequests: 1}},
 				{op: "free", id: "b", want: Load{}},
 			},
@@ -522,6 +522,6 @@ func TestPrefillTokensNeverWrap(t *testing.T) {
 			t.Fatalf("FreeWorker released %d bookings, want 2", n)
 		}
 		mustBook(t, l, Booking{ID: "c", Candidate: w1r0, PrefillTokens: 3})
-		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 3, ActiveRequests: 1})
+		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 3, PrefillRequests: 1, ActiveRequests: 1})
 	})
 }

@@ -37,24 +37,6 @@ func (l *Ledger) Mirror(b Booking) (replaced Booking, ok bool, err error) {
 	return replaced, ok, nil
 }
 
-// PrefillCompleteAttempt is PrefillComplete restricted to the booking with the given Attempt: if
-// id is live under a different attempt (released and booked again since the caller resolved it)
-// it returns ErrNotFound and leaves the newer booking untouched (§10.6). Idempotent on a live
-// booking.
-func (l *Ledger) PrefillCompleteAttempt(id string, attempt uint64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	s := l.liveSlot(id)
-	if s == nil || s.b.Attempt != attempt {
-		return notFound(id)
-	}
-	if !s.b.PrefillCompleted {
-		s.b.PrefillCompleted = true
-		s.rank.prefill.sub(s.b.PrefillTokens)
-	}
-	return nil
-}
-
 // SlotEventKind is what a replicated booking event does (selection-service.md §15.2 `data`).
 type SlotEventKind uint8
 

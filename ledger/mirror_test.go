@@ -16,7 +16,7 @@ func TestMirror(t *testing.T) {
 			t.Fatalf("Mirror = replaced %v, %v", replaced, err)
 		}
 		checkInvariants(t, l)
-		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 8, ActiveBlocks: 2, ActiveRequests: 1})
+		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 8, ActiveBlocks: 2, ActiveRequests: 1, PrefillRequests: 1})
 		b, ok := l.Lookup("a")
 		if !ok || b.Origin != 7 {
 			t.Fatalf("Lookup = %+v, %v; want origin 7", b, ok)
@@ -33,7 +33,7 @@ func TestMirror(t *testing.T) {
 		}
 		checkInvariants(t, l)
 		wantLoad(t, l, w1r0, Load{})
-		wantLoad(t, l, w2r0, Load{ActivePrefillTokens: 8, ActiveBlocks: 2, ActiveRequests: 1})
+		wantLoad(t, l, w2r0, Load{ActivePrefillTokens: 8, ActiveBlocks: 2, ActiveRequests: 1, PrefillRequests: 1})
 	})
 	t.Run("a local claim becomes the mirror and the local booking then conflicts", func(t *testing.T) {
 		l := newTracking()
@@ -61,7 +61,7 @@ func TestMirror(t *testing.T) {
 		if _, _, err := l.Mirror(mirror("a", w2r0, "m:default", 7)); !errors.Is(err, ErrConflict) {
 			t.Fatalf("Mirror over a local booking = %v, want ErrConflict", err)
 		}
-		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 3, ActiveRequests: 1})
+		wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 3, ActiveRequests: 1, PrefillRequests: 1})
 		wantLoad(t, l, w2r0, Load{})
 	})
 	t.Run("a mirror of another partition is never replaced", func(t *testing.T) {
@@ -106,7 +106,7 @@ func TestPrefillCompleteAttempt(t *testing.T) {
 	if err := l.PrefillCompleteAttempt("a", first.Attempt); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("stale attempt = %v, want ErrNotFound", err)
 	}
-	wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 12, ActiveRequests: 1})
+	wantLoad(t, l, w1r0, Load{ActivePrefillTokens: 12, ActiveRequests: 1, PrefillRequests: 1})
 	if err := l.PrefillCompleteAttempt("nope", 1); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("unknown id = %v", err)
 	}

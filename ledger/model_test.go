@@ -49,6 +49,16 @@ func checkInvariants(t testing.TB, l *Ledger) {
 			}
 			listed[i] = true
 		}
+		// r.pending counts exactly the live bookings with prefill tokens still pending.
+		var pending uint64
+		for _, s := range l.slots {
+			if s.live && s.rank == r && !s.b.PrefillCompleted && s.b.PrefillTokens > 0 {
+				pending++
+			}
+		}
+		if pending != r.pending {
+			t.Fatalf("%v: %d bookings have prefill pending, r.pending is %d", c, pending, r.pending)
+		}
 		for i, s := range l.slots {
 			idx := int32(i)
 			if !s.live || s.rank != r {
@@ -144,6 +154,9 @@ func (m *refLedger) load(c Candidate) Load {
 		ld.ActiveRequests++
 		if !b.done {
 			ld.ActivePrefillTokens += b.prefill
+			if b.prefill > 0 {
+				ld.PrefillRequests++
+			}
 		}
 		if m.track {
 			for _, h := range b.hashes {

@@ -316,6 +316,13 @@ type Config struct {
 	// through this Service (§15.2, §15.4 replication; the replica-sync transport plugs in here).
 	// Output blocks, expiry and worker removal publish nothing.
 	SlotPublisher SlotPublisher
+	// EstimatePrefillCompletion releases the prefill part of a PrefillUnobserved booking (a
+	// response that is not streamed) when its worker rank has most likely finished it: at
+	// admission + (prefill queued ahead + its own) / the rank's measured prefill rate, the rate
+	// learned from observed completions (streamed first chunks, prefill_complete calls). Without
+	// any measured rate in the partition the booking keeps its prefill until the response ends.
+	// DefaultConfig turns it on; the EPP's DYN_EPP_ESTIMATE_PREFILL_COMPLETION turns it off.
+	EstimatePrefillCompletion bool
 }
 
 // AffinityPublisher receives the session bindings a replica must share (selection-service.md
@@ -329,7 +336,7 @@ type AffinityPublisher interface {
 // DefaultConfig returns a Config with DefaultRouterSettings, the built-in policy, the real clock and
 // a disabled logger. KV events are on, so the caller must set EventSource or turn UseKVEvents off.
 func DefaultConfig() Config {
-	return Config{Router: DefaultRouterSettings(), Logger: zerolog.Nop()}
+	return Config{Router: DefaultRouterSettings(), Logger: zerolog.Nop(), EstimatePrefillCompletion: true}
 }
 
 // validate checks the service-level settings beyond the router settings.

@@ -11,12 +11,14 @@ import (
 
 // PrefillComplete removes a live booking's prefill tokens; its blocks remain as decode load
 // (selection-service.md §10.2), then admits what the freed prefill capacity allows from the
-// booking's partition queue (§13.3). Idempotent on a live booking. Works during shutdown so
+// booking's partition queue (§13.3). The call is taken as observed at the service's now: unless
+// the booking was reserved with PrefillUnobserved, the first completion trains the worker rank's
+// measured prefill rate. Idempotent on a live booking. Works during shutdown so
 // in-flight requests keep accounting exactly. Errors: KindNotFound "reservation {id} not found" (unknown,
 // claimed but not booked, or freed).
 func (s *Service) PrefillComplete(ctx context.Context, selectionID string) error {
 	_ = ctx
-	if err := s.ledger.PrefillComplete(selectionID); err != nil {
+	if err := s.ledger.PrefillCompleteAt(selectionID, s.now()); err != nil {
 		return ledgerError(err)
 	}
 	if s.queued.Load() > 0 || s.cfg.SlotPublisher != nil {

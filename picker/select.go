@@ -377,11 +377,15 @@ func (s *Service) reserveLocked(ctx context.Context, p *partition, req *SelectRe
 		Admitted:             now,
 		Partition:            pr.key.String(),
 		Tag:                  hold.lease(),
+		Unobserved:           req.PrefillUnobserved,
 	}
 	if err := s.ledger.Book(b); err != nil {
 		return Selection{}, false, ledgerError(err)
 	}
 	s.publishAdmission(pr.key, ch.view.blockSize, &b, pr.eff.track, req.Prompt.LoraName)
+	if req.PrefillUnobserved && prefill > 0 {
+		s.schedulePrefillRelease(req.SelectionID)
+	}
 	if queued && !s.stillSchedulable(c.WorkerID, pr.key) {
 		// The worker was drained while this request waited (§7.3 step 5).
 		s.freeBooking(req.SelectionID)
@@ -556,6 +560,10 @@ func (s *Service) selectLocked(p *partition, req *SelectRequest, pr *prepared, t
 		sc.workers = append(sc.workers, policies.Worker{WorkerID: c.WorkerID, DPRank: c.DPRank})
 	}
 	sc.src = inputSource{s: s, v: v, sc: sc, seq: np.seq, preferred: req.RoutingConstraints.PreferredTaints, pinned: pinned}
+	if pol.RequiredInputs().Has(policies.InputsLoad) {
+		name := pr.key.String()
+		sc.src.poolRate, sc.src.arrivals = s.ledger.PartitionPrefillRate(name), s.ledger.PartitionArrivalRate(name)
+	}
 	sc.ctx.Reset(policies.ContextParams{
 		ISLTokens:                  clampInt(np.isl),
 		BlockSize:                  int(v.blockSize),
@@ -767,6 +775,8 @@ type inputSource struct {
 	seq       []uint64
 	preferred map[string]float32
 	pinned    bool
+	poolRate  float64 // the partition's pooled prefill rate, tokens/s (0 = not measured)
+	arrivals  float64 // the partition's booking rate, per second (0 = not measured)
 }
 
 var _ policies.InputSource = (*inputSource)(nil)
@@ -777,10 +787,25 @@ func (src *inputSource) Cache(i int) policies.CacheInputs {
 	return policies.NewCacheInputs(int(t.device), int(t.host), int(t.disk), 0)
 }
 
-// Load returns the ledger load of candidate row i with decode_cost_blocks (§10.4).
+// Load returns the ledger load of candidate row i with decode_cost_blocks (§10.4) and kvepp's
+// engine extension (measured prefill rate, pending prefills, KV capacity).
 func (src *inputSource) Load(i int) policies.LoadInputs {
-	ld, add := src.loadAt(src.sc.rows[i])
-	return policies.NewLoadInputs(clampInt(ld.ActivePrefillTokens), clampInt(ld.ActiveBlocks)+add, clampInt(ld.ActiveRequests))
+	pos := src.sc.rows[i]
+	ld, add := src.loadAt(pos)
+	in := policies.NewLoadInputs(clampInt(ld.ActivePrefillTokens), clampInt(ld.ActiveBlocks)+add, clampInt(ld.ActiveRequests))
+	e := policies.EngineLoad{
+		PrefillRequests:            clampInt(ld.PrefillRequests),
+		PrefillTokensPerSecond:     ld.PrefillTokensPerSecond,
+		PrefillRateSamples:         ld.PrefillRateSamples,
+		PoolPrefillTokensPerSecond: src.poolRate,
+		PoolArrivalsPerSecond:      src.arrivals,
+		PoolCandidates:             len(src.sc.rows),
+		ActiveBlocks:               clampInt(ld.ActiveBlocks),
+	}
+	if kv := src.v.workers[src.v.owner[pos]].totalKV; kv != nil {
+		e.TotalKVBlocks = clampInt(*kv)
+	}
+	return in.WithEngine(e)
 }
 
 // Routing returns the preferred-taint multiplier exp(−tanh(S)) of candidate row i (§9.3).

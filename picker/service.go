@@ -64,6 +64,8 @@ type Service struct {
 	// §10.2); withheldMu serializes its copy-on-write updates.
 	withheld   atomic.Pointer[withheldSet]
 	withheldMu sync.Mutex
+	// releases are the estimated prefill completions of PrefillUnobserved bookings.
+	releases *prefillReleases
 }
 
 // New builds a Service from cfg. It validates the router settings and returns an error starting
@@ -98,6 +100,7 @@ func New(cfg Config) (*Service, error) {
 		rng:        rand.New(cfg.RandSource()),
 		pending:    ledger.NewPendingCache(cfg.SelectionCache),
 		writerID:   cfg.ReplicaWriterID,
+		releases:   newPrefillReleases(),
 	}
 	for s.writerID == 0 {
 		s.writerID = s.rng.Uint64()
@@ -133,8 +136,12 @@ func errShuttingDown() error { return Errorf(KindNotReady, "selection service is
 // the expiry guard every DefaultExpirySweepInterval (60 s, §10.5), the reservation-index sweep
 // every expiry period (DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS, §10.5), the pending-selection cache
 // sweep with the expiry guard, with session affinity on the affinity reaper every min(TTL, 30 s)
-// (§12.1), and with queueing on the queue recheck every QueueRecheckInterval (60 s, §13.3).
+// (§12.1), with queueing on the queue recheck every QueueRecheckInterval (60 s, §13.3), and the
+// estimated prefill completions of PrefillUnobserved bookings when each is due.
 func (s *Service) Run(ctx context.Context) error {
+	relDone := make(chan struct{})
+	defer close(relDone)
+	go s.runPrefillReleases(relDone)
 	expiry := time.NewTicker(DefaultExpirySweepInterval)
 	defer expiry.Stop()
 	sweep := time.NewTicker(s.expiryLimit())

@@ -319,6 +319,12 @@ type SelectRequest struct {
 	// Fallbacks is how many unbooked alternative destinations (distinct workers, next-lowest cost) to
 	// return beside the chosen one (epp.md §5.9: DYN_EPP_MAX_DESTINATIONS − 1).
 	Fallbacks int
+	// PrefillUnobserved marks a request whose caller will not see the engine's first token (the
+	// ext_proc server sets it for a response that is not streamed): with
+	// Config.EstimatePrefillCompletion the booking's prefill part is released when the worker has
+	// most likely finished it, estimated from its measured prefill rate, instead of when the
+	// response ends; and its late prefill signal does not train that rate. kvepp extension.
+	PrefillUnobserved bool
 }
 
 // Overlap is the raw tiered overlap summary of the chosen worker, all values in matched tokens

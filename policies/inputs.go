@@ -84,10 +84,49 @@ func (c *CacheInputs) DiskOverlapBlocks() int { return c.disk }
 // (always 0 in kvepp: no shared cache).
 func (c *CacheInputs) SharedBeyondDeviceBlocks() int { return c.shared }
 
-// LoadInputs is the LOAD group for one candidate (selection-service.md §10.3, §10.4, §17.3).
+// LoadInputs is the LOAD group for one candidate (selection-service.md §10.3, §10.4, §17.3),
+// with kvepp's engine extension (EngineLoad) when the host supplies it.
 type LoadInputs struct {
 	prefill, decode, requests int
+	engine                    EngineLoad
 }
+
+// EngineLoad is kvepp's extension of the LOAD group: what the host measured about how the
+// candidate's engine is doing, for policies that predict time to first token. The zero value
+// means nothing is known.
+type EngineLoad struct {
+	// PrefillRequests is the number of live bookings whose prefill has not completed.
+	PrefillRequests int
+	// PrefillTokensPerSecond is the candidate's measured prefill rate: the prefill work requests
+	// waited for (queued ahead of them plus their own, tokens) over the time from booking to
+	// their first token, learned from the completions the host observed. 0 = not measured yet.
+	PrefillTokensPerSecond float64
+	// PrefillRateSamples is the number of observed completions behind PrefillTokensPerSecond.
+	PrefillRateSamples int
+	// PoolPrefillTokensPerSecond is the same estimate pooled over every worker of the partition
+	// (tokens/s; 0 = not measured yet): a steadier figure when workers are alike.
+	PoolPrefillTokensPerSecond float64
+	// PoolArrivalsPerSecond is how many requests per second the partition books (recent mean;
+	// 0 = not measured yet), and PoolCandidates the number of candidates sharing them.
+	PoolArrivalsPerSecond float64
+	PoolCandidates        int
+	// ActiveBlocks is the KV blocks the candidate's live bookings hold (0 when blocks are not
+	// tracked).
+	ActiveBlocks int
+	// TotalKVBlocks is the candidate's KV cache capacity, blocks (the worker record's
+	// total_kv_blocks); 0 = unknown.
+	TotalKVBlocks int
+}
+
+// WithEngine returns l with the engine extension e (host side).
+func (l LoadInputs) WithEngine(e EngineLoad) LoadInputs {
+	l.engine = e
+	return l
+}
+
+// Engine returns the engine extension (kvepp; read-only, valid as long as l); its zero value
+// means the host measured nothing.
+func (l *LoadInputs) Engine() *EngineLoad { return &l.engine }
 
 // NewLoadInputs builds the LOAD group (host side): activePrefillTokens in tokens, decodeCostBlocks
 // = active blocks + this request's additional blocks (§10.4), activeRequests = live bookings.

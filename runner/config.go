@@ -151,6 +151,14 @@ type Config struct {
 	// CertPath is a directory with tls.crt/tls.key (reloaded on change); empty = self-signed.
 	CertPath string `env:"DYN_EPP_CERT_PATH" flag:"cert-path" help:"directory with tls.crt and tls.key"`
 
+	// --- prefill release for responses that are not streamed (kvepp extension) ---
+
+	// EstimatePrefillCompletion releases the prefill part of a booking whose response is not
+	// streamed when its worker has most likely finished the prefill, estimated from the prefill
+	// work queued ahead of it, its own, and the worker's prefill rate learned from streamed
+	// responses; false holds it until the response ends (epp.md §7).
+	EstimatePrefillCompletion Bool `env:"DYN_EPP_ESTIMATE_PREFILL_COMPLETION" envDefault:"true" help:"release the prefill of a non-streamed response on an estimate from measured prefill rates (false = at response end)"`
+
 	// --- router configuration (selection-service.md §19.2) ---
 
 	// OverlapScoreCredit is the credit per cached device block (finite ≥ 0).

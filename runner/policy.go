@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/picker"
+	"github.com/kvepp/kvepp/policies/predictedttft"
 )
 
 // pickerConfig builds the selection core's configuration: router settings from the environment,
@@ -38,7 +39,7 @@ func pickerConfig(cfg Config, registry *catalog.Registry, log zerolog.Logger) (p
 		pc.PolicyProfiles = ps
 		pol = c
 	}
-	res, err := catalog.Resolve(registry, pol, cfg.WorkerSelectionPolicy)
+	res, err := catalog.ResolveWithDefault(registry, pol, cfg.WorkerSelectionPolicy, defaultPolicyType(cfg))
 	if err != nil {
 		// Name only the settings that were given (both when both were).
 		var named []string
@@ -53,6 +54,27 @@ func pickerConfig(cfg Config, registry *catalog.Registry, log zerolog.Logger) (p
 	if !res.Builtin {
 		pc.Policy = res.Factory
 	}
+	pc.EstimatePrefillCompletion = bool(cfg.EstimatePrefillCompletion)
 	log.Info().Str("policy", res.Name).Str("type", res.Type).Str("selected_by", res.Source).Msg("worker-selection policy resolved")
 	return pc, nil
+}
+
+// defaultPolicyType is the policy type a host runs when nothing selects one: the EPP runs
+// predicted-ttft (it predicts time to first token from queued prefill work, uncached tokens and
+// measured prefill rates; README "Routing policy"); `epp select-service` keeps the documented
+// built-in dynamo-default-cost-fn so Dynamo clients see Dynamo's behaviour. Either gets the other
+// with DYN_ROUTER_WORKER_SELECTION_POLICY=default (built-in) or a worker_selection instance.
+func defaultPolicyType(cfg Config) string {
+	if cfg.selectService {
+		return ""
+	}
+	return predictedttft.TypeName
+}
+
+// PickerConfig builds the selection core's configuration from cfg exactly as the EPP does (router
+// settings, policy file and policy selection, prefill-completion estimates), without an event
+// source, logger or clock, which the caller adds. eppbench's virtual replay runs the EPP's
+// selection core in-process with it. Errors: as startup's, naming the setting.
+func PickerConfig(cfg Config, registry *catalog.Registry) (picker.Config, error) {
+	return pickerConfig(cfg, registry, zerolog.Nop())
 }

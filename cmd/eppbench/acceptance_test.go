@@ -25,9 +25,10 @@ import (
 //
 // Each trace block is replayed as 64 tokens instead of 512 (--trace-block-tokens 64): every
 // prompt is an eighth as long while the sharing between requests is unchanged, which keeps the
-// test fast under -race. The pool is lightly loaded (no serial prefill lane, one output token) and
-// holds 512k tokens per worker (4M at full scale), so neither queueing nor eviction blurs what is
-// tested: cache-aware routing through the real wire path.
+// test fast under -race. The pool (the default vllm engine model) is lightly loaded (prompts an
+// eighth as long, one output token) and holds 512k tokens per worker (4M at full scale), so
+// neither queueing nor eviction blurs what is tested: cache-aware routing through the real wire
+// path, by what the EPP runs out of the box.
 func acceptanceOptions(t *testing.T) Options {
 	o := defaultOptions()
 	o.Trace = sharedtest.Path(t, "traces", "mooncake_conversation_trace.jsonl")
@@ -42,11 +43,7 @@ func acceptanceOptions(t *testing.T) Options {
 	o.CapacityBlocks = 32768
 	o.Baselines = "kvepp,round-robin"
 	o.Seed = 42
-	o.PrefillUsPerTok = 40
-	o.PrefillOverheadM = 1
-	o.DecodeUsPerTok = 10000
 	o.MaxOutputTokens = 1
-	o.SerialPrefill = false
 	o.Out = t.TempDir()
 	if err := o.validate(); err != nil {
 		t.Fatal(err)

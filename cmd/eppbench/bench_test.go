@@ -11,10 +11,10 @@ func BenchmarkCompletionBody(b *testing.B) {
 	}
 	r := &w.Requests[len(w.Requests)/2]
 	var buf []byte
-	b.SetBytes(int64(len(completionBody(nil, "m", r, w.Seed))))
+	b.SetBytes(int64(len(completionBody(nil, "m", r, w.Seed, true))))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		buf = completionBody(buf[:0], "m", r, w.Seed)
+		buf = completionBody(buf[:0], "m", r, w.Seed, true)
 	}
 }
 

@@ -32,15 +32,16 @@ func renderSVG(res *Result) string {
 	names := make([]string, len(res.Baselines))
 	hits := make([]float64, len(res.Baselines))
 	ttfts := make([]float64, len(res.Baselines))
+	ttft90 := make([]float64, len(res.Baselines))
 	for i, bl := range res.Baselines {
-		names[i], hits[i], ttfts[i] = bl.Name, 100*bl.HitRate, bl.TTFTms.P50
+		names[i], hits[i], ttfts[i], ttft90[i] = bl.Name, 100*bl.HitRate, bl.TTFTms.P50, bl.TTFTms.P90
 		if bl.Completed == 0 {
-			hits[i], ttfts[i] = math.NaN(), math.NaN() // no figures: "no data", not a zero bar
+			hits[i], ttfts[i], ttft90[i] = math.NaN(), math.NaN(), math.NaN() // no figures: "no data", not a zero bar
 		}
 	}
 	ideal := 100 * res.Workload.IdealHitRate
 	barPanel(&b, 60, 80, 420, 240, "Prefix-cache hit rate, % of prompt tokens (higher is better)", names, hits, "%.1f%%", ideal, "ideal %.1f%%")
-	barPanel(&b, 560, 80, 420, 240, "Time to first token p50, ms (lower is better)", names, ttfts, "%.0f", -1, "")
+	pairPanel(&b, 560, 80, 420, 240, "TTFT p50 (solid) and p90 (light), ms (lower is better)", names, ttfts, ttft90)
 	timelinePanel(&b, 60, 440, 900, 230, res)
 	b.WriteString("</svg>\n")
 	return b.String()
@@ -76,22 +77,9 @@ func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []stri
 		}
 	}
 	top = niceMax(top * 1.1)
-	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y+h, x+w, y+h)
-	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y, x, y+h)
-	for i := 0; i <= 4; i++ {
-		v := top * float64(i) / 4
-		yy := y + h - h*float64(i)/4
-		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x, yy, x+w, yy)
-		text(b, x-6, yy+4, "end", 11, "normal", trimFloat(v))
-	}
-	n := float64(len(vals))
-	if n == 0 {
-		return
-	}
-	slot := w / n
-	bw := slot * 0.6
-	for i, v := range vals {
-		bx := x + slot*float64(i) + (slot-bw)/2
+	axes(b, x, y, w, h, top, "")
+	eachBar(x, w, len(vals), func(i int, bx, bw float64) {
+		v := vals[i]
 		if math.IsNaN(v) {
 			text(b, bx+bw/2, y+h-4, "middle", 11, "normal", "no data")
 		} else {
@@ -99,14 +87,72 @@ func barPanel(b *strings.Builder, x, y, w, h float64, title string, names []stri
 			fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", bx, y+h-bh, bw, bh, color(i))
 			text(b, bx+bw/2, y+h-bh-4, "middle", 11, "normal", fmt.Sprintf(valFmt, v))
 		}
-		label := names[i]
-		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="11" transform="rotate(-25 %.1f %.1f)">%s</text>`+"\n",
-			bx+bw/2, y+h+14, bx+bw/2, y+h+14, html.EscapeString(label))
-	}
+		barLabel(b, bx+bw/2, y+h+14, names[i])
+	})
 	if ref >= 0 {
 		ry := y + h - h*ref/top
 		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="6 4"/>`+"\n", x, ry, x+w, ry)
 		text(b, x+w-4, ry-4, "end", 11, "normal", fmt.Sprintf(refFmt, ref))
+	}
+}
+
+// axes draws a panel's x and y axes with four horizontal grid lines labelled 0..top, each label
+// followed by unit ("%", or "" for none).
+func axes(b *strings.Builder, x, y, w, h, top float64, unit string) {
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y+h, x+w, y+h)
+	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y, x, y+h)
+	for i := 0; i <= 4; i++ {
+		v := top * float64(i) / 4
+		yy := y + h - h*float64(i)/4
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x, yy, x+w, yy)
+		text(b, x-6, yy+4, "end", 11, "normal", trimFloat(v)+unit)
+	}
+}
+
+// barLabel writes a router name under a bar, rotated.
+func barLabel(b *strings.Builder, x, y float64, name string) {
+	fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="end" font-size="11" transform="rotate(-25 %.1f %.1f)">%s</text>`+"\n",
+		x, y, x, y, html.EscapeString(name))
+}
+
+// pairPanel draws two bars per router on a log-free linear scale: a (solid, labelled) and b
+// (lighter, behind it, labelled above), e.g. TTFT p50 and p90. NaN pairs get "no data".
+func pairPanel(b *strings.Builder, x, y, w, h float64, title string, names []string, a, bv []float64) {
+	text(b, x+w/2, y-12, "middle", 13, "bold", title)
+	top := 0.0
+	for i := range a {
+		if !math.IsNaN(bv[i]) {
+			top = math.Max(top, math.Max(a[i], bv[i]))
+		}
+	}
+	top = niceMax(top * 1.15)
+	axes(b, x, y, w, h, top, "")
+	eachBar(x, w, len(a), func(i int, bx, bw float64) {
+		if math.IsNaN(a[i]) {
+			text(b, bx+bw/2, y+h-4, "middle", 11, "normal", "no data")
+		} else {
+			hb, ha := h*bv[i]/top, h*a[i]/top
+			fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" fill-opacity="0.35"/>`+"\n", bx, y+h-hb, bw, hb, color(i))
+			fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", bx+bw*0.2, y+h-ha, bw*0.6, ha, color(i))
+			text(b, bx+bw/2, y+h-hb-4, "middle", 10, "normal", fmt.Sprintf("%.0f", bv[i]))
+			if ha < hb-14 {
+				text(b, bx+bw/2, y+h-ha-4, "middle", 10, "normal", fmt.Sprintf("%.0f", a[i]))
+			}
+		}
+		barLabel(b, bx+bw/2, y+h+14, names[i])
+	})
+}
+
+// eachBar lays n bars out over the width w starting at x (each 60 % of its slot, centred) and
+// calls draw with each bar's index, left edge and width.
+func eachBar(x, w float64, n int, draw func(i int, bx, bw float64)) {
+	if n == 0 {
+		return
+	}
+	slot := w / float64(n)
+	bw := slot * 0.6
+	for i := 0; i < n; i++ {
+		draw(i, x+slot*float64(i)+(slot-bw)/2, bw)
 	}
 }
 
@@ -150,14 +196,7 @@ func timelinePanel(b *strings.Builder, x, y, w, h float64, res *Result) {
 	if span <= 0 {
 		span = 1
 	}
-	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y+h, x+w, y+h)
-	fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x, y, x, y+h)
-	for i := 0; i <= 4; i++ {
-		v := top * float64(i) / 4
-		yy := y + h - h*float64(i)/4
-		fmt.Fprintf(b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x, yy, x+w, yy)
-		text(b, x-6, yy+4, "end", 11, "normal", trimFloat(v)+"%")
-	}
+	axes(b, x, y, w, h, top, "%")
 	for i := 0; i <= 5; i++ {
 		t := span * float64(i) / 5
 		xx := x + w*float64(i)/5

@@ -416,7 +416,8 @@ func tail(path string) string {
 // selected by name through the catalog's override resolution (DYN_ROUTER_WORKER_SELECTION_POLICY;
 // selection-service.md §18.1).
 func policyConfig(instances []catalog.Instance) ([]byte, error) {
-	cfg := catalog.Config{WorkerSelection: &catalog.WorkerSelection{Default: catalog.DefaultName, Instances: instances}}
+	// No default: a router that selects no instance runs what the EPP runs out of the box.
+	cfg := catalog.Config{WorkerSelection: &catalog.WorkerSelection{Instances: instances}}
 	data, err := yaml.Marshal(cfg)
 	if err != nil {
 		return nil, err

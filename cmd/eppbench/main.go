@@ -24,11 +24,13 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/kvepp/kvepp/catalog"
+	"github.com/kvepp/kvepp/enginesim"
 )
 
 // Options are the command's settings, one per flag (see parseFlags for each flag's meaning).
@@ -36,6 +38,7 @@ import (
 type Options struct {
 	Trace            string   // --trace: Mooncake JSONL path; "" = synthetic chat
 	Limit            int      // --limit: first N requests (0 = all)
+	Skip             int      // --skip: drop the first N requests of a trace before --limit
 	Speedup          float64  // --speedup: simulated time per wall time (0 = workload default)
 	Workers          int      // --workers
 	CapacityBlocks   int      // --capacity-blocks: per worker (0 = workload default)
@@ -62,18 +65,25 @@ type Options struct {
 	KveppEnv         []string // --kvepp-env: KEY=VALUE settings
 	TraceBlockTokens int      // --trace-block-tokens: tokens per trace hash id
 	KveppCPUProfile  string   // --kvepp-cpuprofile: directory
+	Engine           string   // --engine: vllm (step-based vLLM model) or simple
+	Profile          string   // --profile: step-time profile preset of the vllm engine
+	MaxBatchedTokens int      // --max-num-batched-tokens: vllm engine token budget per step (0 = the profile's)
+	Stream           string   // --stream: true, false, or the fraction of requests streamed
+	Virtual          bool     // --virtual: replay in simulated time, in-process (no sockets, no wall clock)
+	Conversations    int      // --conversations: chat demo conversations (0 = DefaultChat's)
+	streamFraction   float64  // Stream parsed: 1 = every request streamed, 0 = none
 }
 
 // Workload-dependent defaults (a flag left at 0 takes these).
 const (
 	synthSpeedup  = 20     // the default chat demo: ≈ 120 s of simulated time in ≈ 6 s per router
-	synthCapacity = 2048   // blocks of 16 tokens per worker: 32k tokens, about a third of the demo's live history
+	synthCapacity = 20000  // blocks of 16 tokens per worker: 320k tokens, the KV cache of the default profile's GPU; the 4 workers hold about a quarter of the demo's history
 	traceSpeedup  = 20     // Mooncake traces: 300 requests (≈ 100 s of trace) in ≈ 5 s per router
 	traceCapacity = 262144 // blocks of 16 tokens per worker: 4M tokens; 8 workers hold 36 % of the full conversation trace's 93M distinct tokens, and one LRU cache of that size keeps 98 % of the ideal reuse
 )
 
 // defaultBaselines are the routers compared when --baselines is not given.
-const defaultBaselines = "kvepp,kvepp-approx,round-robin,random,least-active-requests"
+const defaultBaselines = "kvepp,kvepp-dynamo,kvepp-approx,round-robin,random,least-active-requests"
 
 func defaultOptions() Options {
 	return Options{
@@ -85,7 +95,9 @@ func defaultOptions() Options {
 		PrefillUsPerTok:  200,
 		PrefillOverheadM: 5,
 		DecodeUsPerTok:   20000,
-		BatchLimit:       64,
+		Engine:           string(enginesim.EngineVLLM),
+		Profile:          enginesim.DefaultProfile.Name,
+		Stream:           "true",
 		StreamInterval:   16,
 		SerialPrefill:    true,
 		Concurrency:      2048,
@@ -104,21 +116,28 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.Trace, "trace", "", "Mooncake trace (JSONL); empty = the built-in synthetic multi-turn chat workload")
 	fs.IntVar(&o.Limit, "limit", 0, "replay only the first N requests (0 = all)")
+	fs.IntVar(&o.Conversations, "conversations", 0, fmt.Sprintf("chat demo: number of conversations (0 = %d); more conversations load the pool harder", DefaultChat.Conversations))
+	fs.IntVar(&o.Skip, "skip", 0, "trace: skip the first N requests, so --limit takes a later window (caches start cold)")
 	fs.Float64Var(&o.Speedup, "speedup", 0, fmt.Sprintf("time compression: wall = simulated / speedup (0 = %d for the chat demo, %d for traces)", synthSpeedup, traceSpeedup))
 	fs.IntVar(&o.Workers, "workers", o.Workers, "simulated vLLM workers")
 	fs.IntVar(&o.CapacityBlocks, "capacity-blocks", 0, fmt.Sprintf("prefix-cache capacity per worker, blocks (0 = %d for the chat demo, %d for traces)", synthCapacity, traceCapacity))
 	fs.IntVar(&o.BlockSize, "block-size", o.BlockSize, "KV block size, tokens (for traces it must divide --trace-block-tokens)")
-	fs.StringVar(&o.Baselines, "baselines", o.Baselines, "routers to compare, comma list: kvepp, kvepp-approx, or any catalog policy type, each optionally name:key=value[,key=value…] (kvepp settings for kvepp, e.g. kvepp:track_active_blocks=false,overlap_score_credit=6; policy parameters otherwise)")
+	fs.StringVar(&o.Baselines, "baselines", o.Baselines, "routers to compare, comma list: kvepp (what the EPP runs out of the box), kvepp-dynamo (the spec's built-in cost), kvepp-approx, or any catalog policy type, each optionally name:key=value[,key=value…] (kvepp settings for the kvepp routers, e.g. kvepp-dynamo:track_active_blocks=false,overlap_score_credit=6; policy parameters otherwise)")
 	fs.StringVar(&o.Policies, "policies", "", "extra catalog policies to compare, comma list of name[:key=value[,key=value…]] (policy parameter values are YAML scalars; kvepp settings pass as written), e.g. least-busy:min_device_overlap_blocks=2 (added to --baselines)")
 	fs.StringVar(&o.PolicyConfig, "policy-config", "", "worker_selection YAML file whose instances are compared as extra routers, named after each instance")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the workload and the simulator")
 	fs.StringVar(&o.Out, "out", o.Out, "output directory (result.json, chart.svg, kvepp logs)")
-	fs.Float64Var(&o.PrefillUsPerTok, "prefill-us-per-token", o.PrefillUsPerTok, "simulated prefill time per uncached prompt token, µs")
-	fs.Float64Var(&o.PrefillOverheadM, "prefill-overhead-ms", o.PrefillOverheadM, "simulated fixed prefill time per request, ms")
-	fs.Float64Var(&o.DecodeUsPerTok, "decode-us-per-token", o.DecodeUsPerTok, "simulated time per output token, µs")
-	fs.IntVar(&o.BatchLimit, "batch-limit", o.BatchLimit, "requests a worker runs at once (vLLM max_num_seqs)")
+	fs.StringVar(&o.Engine, "engine", o.Engine, "simulated engine: vllm (vLLM V1's scheduler: token budget per step, chunked prefill, KV block pool, preemption; timed by --profile) or simple (fixed prefill cost per token on one lane, fixed time per output token)")
+	fs.StringVar(&o.Profile, "profile", o.Profile, "step-time profile of the vllm engine, one of: "+strings.Join(enginesim.ProfileNames(), ", "))
+	fs.IntVar(&o.MaxBatchedTokens, "max-num-batched-tokens", 0, "vllm engine: token budget per step (vLLM max_num_batched_tokens; 0 = the profile's)")
+	fs.BoolVar(&o.Virtual, "virtual", false, "replay in simulated time in-process: kvepp's selection core and policy on a simulated clock against the vllm engine model, no sockets, no wall clock; deterministic and fast, but without the ext_proc/ZeroMQ wire path")
+	fs.StringVar(&o.Stream, "stream", o.Stream, `responses: "true" (every request streamed), "false" (none), or the fraction of requests streamed, e.g. 0.5`)
+	fs.Float64Var(&o.PrefillUsPerTok, "prefill-us-per-token", o.PrefillUsPerTok, "simple engine: simulated prefill time per uncached prompt token, µs")
+	fs.Float64Var(&o.PrefillOverheadM, "prefill-overhead-ms", o.PrefillOverheadM, "simple engine: simulated fixed prefill time per request, ms")
+	fs.Float64Var(&o.DecodeUsPerTok, "decode-us-per-token", o.DecodeUsPerTok, "simple engine: simulated time per output token, µs")
+	fs.IntVar(&o.BatchLimit, "batch-limit", 0, fmt.Sprintf("requests a worker runs at once (vLLM max_num_seqs; 0 = the profile's for the vllm engine, %d for the simple one)", simpleBatchLimit))
 	fs.IntVar(&o.StreamInterval, "stream-interval", o.StreamInterval, "output tokens per streamed chunk after the first (vLLM --stream-interval); token timing is unchanged, larger values save CPU")
-	fs.BoolVar(&o.SerialPrefill, "serial-prefill", o.SerialPrefill, "one prefill at a time per worker (compute-bound GPU)")
+	fs.BoolVar(&o.SerialPrefill, "serial-prefill", o.SerialPrefill, "simple engine: one prefill at a time per worker (compute-bound GPU)")
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "cap on requests in flight from the load generator (0 = none)")
 	fs.Float64Var(&o.CoalesceMs, "coalesce-ms", o.CoalesceMs, "least simulated time between two response chunks the proxy passes through ext_proc (0 = every upstream read; the first chunk is never delayed)")
 	fs.IntVar(&o.TraceBlockTokens, "trace-block-tokens", TraceBlockTokens, "tokens per trace hash_id (1..512): smaller values shrink every prompt proportionally and keep the reuse structure")
@@ -159,6 +178,10 @@ func (o *Options) validate() error {
 	switch {
 	case o.Limit < 0:
 		return fmt.Errorf("--limit %d must be ≥ 0", o.Limit)
+	case o.Conversations < 0 || (o.Conversations > 0 && o.Trace != ""):
+		return fmt.Errorf("--conversations %d must be ≥ 0 and is for the chat demo (no --trace)", o.Conversations)
+	case o.Skip < 0 || (o.Skip > 0 && o.Trace == ""):
+		return fmt.Errorf("--skip %d must be ≥ 0 and needs --trace", o.Skip)
 	case strings.TrimSpace(o.Out) == "":
 		return errors.New("--out must name a directory")
 	case o.Speedup < 0 || o.Speedup != o.Speedup:
@@ -175,8 +198,10 @@ func (o *Options) validate() error {
 		return fmt.Errorf("--block-size %d must divide the trace's %d-token blocks", o.BlockSize, o.TraceBlockTokens)
 	case o.PrefillUsPerTok < 0 || o.PrefillOverheadM < 0 || o.DecodeUsPerTok < 0 || o.CoalesceMs < 0:
 		return errors.New("--prefill-us-per-token, --prefill-overhead-ms, --decode-us-per-token and --coalesce-ms must be ≥ 0")
-	case o.BatchLimit < 1:
-		return fmt.Errorf("--batch-limit %d must be ≥ 1", o.BatchLimit)
+	case o.BatchLimit < 0:
+		return fmt.Errorf("--batch-limit %d must be ≥ 0", o.BatchLimit)
+	case o.MaxBatchedTokens < 0:
+		return fmt.Errorf("--max-num-batched-tokens %d must be ≥ 0", o.MaxBatchedTokens)
 	case o.StreamInterval < 1:
 		return fmt.Errorf("--stream-interval %d must be ≥ 1", o.StreamInterval)
 	case o.Concurrency < 0:
@@ -186,6 +211,26 @@ func (o *Options) validate() error {
 	case o.Buckets < 1:
 		return fmt.Errorf("--buckets %d must be ≥ 1", o.Buckets)
 	}
+	switch enginesim.Engine(o.Engine) {
+	case enginesim.EngineVLLM:
+		if _, err := enginesim.ProfileByName(o.Profile); err != nil {
+			return fmt.Errorf("--profile: %w", err)
+		}
+	case enginesim.EngineSimple:
+		if o.Virtual {
+			return errors.New("--virtual needs --engine vllm")
+		}
+		if o.BatchLimit == 0 {
+			o.BatchLimit = simpleBatchLimit
+		}
+	default:
+		return fmt.Errorf("--engine %q must be vllm or simple", o.Engine)
+	}
+	f, err := parseStream(o.Stream)
+	if err != nil {
+		return err
+	}
+	o.streamFraction = f
 	if o.Speedup == 0 {
 		o.Speedup = synthSpeedup
 		if o.Trace != "" {
@@ -198,8 +243,39 @@ func (o *Options) validate() error {
 			o.CapacityBlocks = traceCapacity
 		}
 	}
-	_, err := o.baselines()
+	_, err = o.baselines()
 	return err
+}
+
+// simpleBatchLimit is the simple engine's default --batch-limit.
+const simpleBatchLimit = 64
+
+// parseStream parses --stream: "true" → 1, "false" → 0, or a fraction of requests in [0, 1].
+func parseStream(s string) (float64, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "true":
+		return 1, nil
+	case "false":
+		return 0, nil
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || !(f >= 0 && f <= 1) {
+		return 0, fmt.Errorf(`--stream %q must be true, false or a fraction of requests in [0, 1]`, s)
+	}
+	return f, nil
+}
+
+// simProfile is the step profile of o (vllm engine), with --max-num-batched-tokens and
+// --batch-limit applied.
+func (o *Options) simProfile() enginesim.StepProfile {
+	p, _ := enginesim.ProfileByName(o.Profile) // validate checked the name
+	if o.MaxBatchedTokens > 0 {
+		p.MaxNumBatchedTokens = o.MaxBatchedTokens
+	}
+	if o.BatchLimit > 0 {
+		p.MaxNumSeqs = o.BatchLimit
+	}
+	return p
 }
 
 func main() {
@@ -257,9 +333,23 @@ func loadWorkload(o Options) (*Workload, error) {
 	var w *Workload
 	var err error
 	if o.Trace != "" {
-		w, err = LoadTrace(o.Trace, o.Limit, o.TraceBlockTokens, o.Seed)
+		limit := o.Limit
+		if limit > 0 {
+			limit += o.Skip
+		}
+		w, err = LoadTrace(o.Trace, limit, o.TraceBlockTokens, o.Seed)
+		if err == nil && o.Skip > 0 {
+			if o.Skip >= len(w.Requests) {
+				return nil, fmt.Errorf("--skip %d leaves none of the trace's %d requests", o.Skip, len(w.Requests))
+			}
+			w.Requests = w.Requests[o.Skip:]
+		}
 	} else {
-		w, err = SyntheticChat(DefaultChat, o.Seed, o.Limit)
+		chat := DefaultChat
+		if o.Conversations > 0 {
+			chat.Conversations = o.Conversations
+		}
+		w, err = SyntheticChat(chat, o.Seed, o.Limit)
 	}
 	if err != nil {
 		return nil, err
@@ -349,7 +439,9 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 			BatchLimit:      o.BatchLimit,
 			StreamInterval:  o.StreamInterval,
 			SerialPrefill:   o.SerialPrefill,
+			Engine:          enginesim.Engine(o.Engine),
 		},
+		StreamFraction:  o.streamFraction,
 		Model:           o.Model,
 		TokenizerDir:    tokDir,
 		PolicyConfig:    policyPath,
@@ -361,6 +453,9 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 		Coalesce:        time.Duration(o.CoalesceMs * float64(time.Millisecond) / o.Speedup),
 		KveppEnv:        o.KveppEnv,
 		KveppProfileDir: o.KveppCPUProfile,
+	}
+	if rc.Sim.Engine == enginesim.EngineVLLM {
+		rc.Sim.Profile = o.simProfile()
 	}
 	res := &Result{
 		Started: began.UTC().Format(time.RFC3339),
@@ -374,12 +469,18 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 			Workers: o.Workers, BlockSize: o.BlockSize, CapacityBlocks: o.CapacityBlocks,
 			PrefillUsPerToken: o.PrefillUsPerTok, PrefillOverheadMs: o.PrefillOverheadM, DecodeUsPerToken: o.DecodeUsPerTok,
 			BatchLimit: o.BatchLimit, StreamInterval: o.StreamInterval, SerialPrefill: o.SerialPrefill, Speedup: o.Speedup, Concurrency: o.Concurrency,
+			Engine: o.Engine, StreamedFraction: o.streamFraction, Virtual: o.Virtual,
 			SimSeed:             o.Seed,
 			CoalesceMs:          o.CoalesceMs,
 			KveppEnv:            o.KveppEnv,
 			ThroughputTimeBasis: "simulated seconds (wall × speedup), first request sent to last response completed",
 			CPUMethod:           "user+system CPU of the separate kvepp process during the replay window (/proc/<pid>/stat), else its whole-life rusage",
 		},
+	}
+	if rc.Sim.Engine == enginesim.EngineVLLM {
+		p := rc.Sim.Profile
+		res.Setup.Profile = &p
+		res.Setup.BatchLimit = p.MaxNumSeqs
 	}
 	if progress != nil {
 		fmt.Fprintf(progress, "eppbench: %s: %d requests over %.0f s simulated (%.0f s wall at speedup %g), ideal reuse %.1f %% (pooled LRU %.1f %%)\n",
@@ -395,7 +496,13 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 			runErr = ctx.Err()
 			break
 		}
-		run, err := runBaseline(ctx, rc, b)
+		var run *baselineRun
+		var err error
+		if o.Virtual {
+			run, err = runVirtualBaseline(ctx, rc, b)
+		} else {
+			run, err = runBaseline(ctx, rc, b)
+		}
 		if err != nil {
 			runErr = err
 			break

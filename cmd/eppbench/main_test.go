@@ -47,6 +47,23 @@ func TestParseFlags(t *testing.T) {
 		{"a zero stream interval is refused", []string{"--stream-interval", "0"}, nil, "--stream-interval 0"},
 		{"stray arguments are refused", []string{"extra"}, nil, `unexpected argument "extra"`},
 		{"the built-in policy is named kvepp, not default", []string{"--policies", "default"}, nil, `use "kvepp"`},
+		{"the vllm engine with its default profile is the default", nil,
+			func(o Options) bool {
+				return o.Engine == "vllm" && o.Profile == "llama-3.1-8b-a100-80gb" && o.streamFraction == 1 && o.simProfile().MaxNumSeqs == 256
+			}, ""},
+		{"the simple engine takes its batch limit", []string{"--engine", "simple"},
+			func(o Options) bool { return o.BatchLimit == simpleBatchLimit }, ""},
+		{"--batch-limit and --max-num-batched-tokens override the profile", []string{"--batch-limit", "32", "--max-num-batched-tokens", "4096"},
+			func(o Options) bool { p := o.simProfile(); return p.MaxNumSeqs == 32 && p.MaxNumBatchedTokens == 4096 }, ""},
+		{"--stream takes true, false and a fraction", []string{"--stream", "0.25"},
+			func(o Options) bool { return o.streamFraction == 0.25 }, ""},
+		{"--stream false streams nothing", []string{"--stream", "FALSE"},
+			func(o Options) bool { return o.streamFraction == 0 }, ""},
+		{"a bad --stream is refused", []string{"--stream", "sometimes"}, nil, `--stream "sometimes"`},
+		{"an unknown engine is refused", []string{"--engine", "tgi"}, nil, `--engine "tgi"`},
+		{"an unknown profile is refused with the presets", []string{"--profile", "h200"}, nil, "llama-3.1-8b-a100-80gb"},
+		{"--virtual needs the vllm engine", []string{"--virtual", "--engine", "simple"}, nil, "--virtual needs --engine vllm"},
+		{"--skip needs a trace", []string{"--skip", "10"}, nil, "--skip 10"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -75,12 +92,15 @@ func TestBaselines(t *testing.T) {
 	for _, b := range got {
 		names = append(names, b.Name)
 	}
-	want := "kvepp,kvepp-approx,round-robin,random,least-active-requests,two-tier-cache-aware"
+	want := "kvepp,kvepp-dynamo,kvepp-approx,round-robin,random,least-active-requests,two-tier-cache-aware"
 	if strings.Join(names, ",") != want {
 		t.Fatalf("baselines %v, want %s (duplicates dropped, order kept)", names, want)
 	}
-	if got[0].Instance != "default" || !got[0].UseKVEvents || got[1].Instance != "default" || got[1].UseKVEvents {
-		t.Fatalf("kvepp baselines %+v %+v", got[0], got[1])
+	// kvepp and kvepp-approx select nothing (what the EPP runs out of the box); kvepp-dynamo
+	// selects the built-in cost.
+	if got[0].Instance != "" || !got[0].UseKVEvents || got[1].Instance != "default" || !got[1].UseKVEvents ||
+		got[2].Instance != "" || got[2].UseKVEvents {
+		t.Fatalf("kvepp baselines %+v %+v %+v", got[0], got[1], got[2])
 	}
 }
 
@@ -358,5 +378,71 @@ func TestKveppLogWarningsQuoteTheLastWarnings(t *testing.T) {
 	want := `; kvepp log: {"level":"error","message":"e1"} | {"level":"warn","message":"w2"} | {"level":"warn","message":"w3"}`
 	if got := p.logWarnings(); got != want {
 		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+func TestStreamedChoiceIsFixedPerRequest(t *testing.T) {
+	n, both := 0, 0
+	for i := 0; i < 2000; i++ {
+		id := fmt.Sprintf("r%06d", i)
+		a := streamed(id, 1, 0.3)
+		if a != streamed(id, 1, 0.3) {
+			t.Fatal("the choice is not deterministic")
+		}
+		if a {
+			n++
+		}
+		if streamed(id, 1, 1) && !streamed(id, 1, 0) {
+			both++
+		}
+	}
+	if n < 520 || n > 680 || both != 2000 {
+		t.Fatalf("%d of 2000 streamed at 0.3 (want ≈ 600), %d at the extremes", n, both)
+	}
+}
+
+// TestVirtualReplay runs the default policy, the built-in cost and round-robin through a short
+// virtual replay: deterministic, every request completed, and kvepp's cache-aware routing ahead of
+// round-robin on hit rate.
+func TestVirtualReplay(t *testing.T) {
+	o, err := parseFlags([]string{"--virtual", "--limit", "150", "--baselines", "kvepp,kvepp-dynamo,round-robin", "--stream", "0.5", "--out", t.TempDir()}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func() *Result {
+		res, err := Run(t.Context(), o, nil, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	a, b := run(), run()
+	for i, br := range a.Baselines {
+		if br.Completed != 150 || br.Errors != 0 {
+			t.Fatalf("%s: %d completed, %d errors: %v", br.Name, br.Completed, br.Errors, br.FirstErrors)
+		}
+		if br.HitRate != b.Baselines[i].HitRate || br.TTFTms != b.Baselines[i].TTFTms {
+			t.Fatalf("%s: two runs differ: %+v vs %+v", br.Name, br.TTFTms, b.Baselines[i].TTFTms)
+		}
+		if br.TTFTStreamedMs == nil || br.TTFTNonStreamedMs == nil || br.ITLms.P50 <= 0 || br.E2Ems.P50 <= br.TTFTms.P50 {
+			t.Fatalf("%s: latency figures missing: %+v", br.Name, br)
+		}
+	}
+	if kv, rr := a.Baselines[0], a.Baselines[2]; kv.HitRate <= rr.HitRate {
+		t.Fatalf("kvepp hit %.3f ≤ round-robin %.3f", kv.HitRate, rr.HitRate)
+	}
+	if p := a.Setup.Profile; p == nil || p.Name != "llama-3.1-8b-a100-80gb" || !a.Setup.Virtual {
+		t.Fatalf("setup %+v", a.Setup)
+	}
+}
+
+func TestMachineWarning(t *testing.T) {
+	b := BaselineResult{Name: "r", MakespanSeconds: 100, EngineLagSeconds: 8 * 4}
+	if w := machineWarning(b, 8); w != "" {
+		t.Fatalf("4 %% lost: %q", w)
+	}
+	b.EngineLagSeconds = 8 * 30
+	if w := machineWarning(b, 8); !strings.Contains(w, "lost 30 %") {
+		t.Fatalf("30 %% lost: %q", w)
 	}
 }

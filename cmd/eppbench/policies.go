@@ -75,7 +75,26 @@ func parsePolicyList(flagName, list string) ([]policyEntry, error) {
 }
 
 // isKvepp reports whether name is one of the built-in routers, whose parameters are kvepp settings.
-func isKvepp(name string) bool { return name == "kvepp" || name == "kvepp-approx" }
+func isKvepp(name string) bool {
+	return name == "kvepp" || name == "kvepp-approx" || name == dynamoRouter
+}
+
+// dynamoRouter is the router that runs kvepp with the spec's built-in cost
+// (dynamo-default-cost-fn, selected as "default"); "kvepp" runs what the EPP runs out of the box.
+const dynamoRouter = "kvepp-dynamo"
+
+// kveppInstance is the worker_selection instance a built-in router selects: "" (nothing: the EPP's
+// own default) for kvepp and kvepp-approx, "default" (the built-in cost) for kvepp-dynamo.
+func kveppInstance(name string) string {
+	if name == dynamoRouter {
+		return catalog.DefaultName
+	}
+	return ""
+}
+
+// builtinInstance reports whether instance is one a built-in router selects, which the generated
+// policy YAML does not define.
+func builtinInstance(instance string) bool { return instance == "" || instance == catalog.DefaultName }
 
 // addParam parses one key=value into e.Params.
 func addParam(e *policyEntry, kv string) error {
@@ -142,9 +161,9 @@ func (o *Options) baselines() ([]Baseline, error) {
 		seen[key] = e.source()
 		switch {
 		case e.Name == catalog.DefaultName:
-			return nil, fmt.Errorf(`%s: use "kvepp" for the built-in policy (with KV events) or "kvepp-approx" (approximate mode)`, e.source())
+			return nil, fmt.Errorf(`%s: use "kvepp" for what the EPP runs out of the box (with KV events), "kvepp-approx" (approximate mode) or "kvepp-dynamo" for the spec's built-in cost`, e.source())
 		case isKvepp(e.Name):
-			b := Baseline{Name: e.Name, Instance: catalog.DefaultName, UseKVEvents: e.Name == "kvepp", Source: e.source()}
+			b := Baseline{Name: e.Name, Instance: kveppInstance(e.Name), UseKVEvents: e.Name != "kvepp-approx", Source: e.source()}
 			if e.Params != nil {
 				env, err := kveppSettings(e)
 				if err != nil {
@@ -207,7 +226,7 @@ func policyInstances(baselines []Baseline) []catalog.Instance {
 	var out []catalog.Instance
 	seen := map[string]bool{}
 	for _, b := range baselines {
-		if b.Instance == catalog.DefaultName || seen[b.Instance] {
+		if builtinInstance(b.Instance) || seen[b.Instance] {
 			continue
 		}
 		seen[b.Instance] = true
@@ -226,7 +245,7 @@ func policyInstances(baselines []Baseline) []catalog.Instance {
 // `--policies "no-such-policy": unknown policy type; registered: …`.
 func checkBaselines(reg *catalog.Registry, baselines []Baseline) error {
 	for _, b := range baselines {
-		if b.Instance == catalog.DefaultName {
+		if builtinInstance(b.Instance) {
 			continue
 		}
 		insts := policyInstances([]Baseline{b})

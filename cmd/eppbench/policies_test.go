@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kvepp/kvepp/catalog"
+	"github.com/kvepp/kvepp/policies/predictedttft"
 )
 
 func TestPolicyFlagParsing(t *testing.T) {
@@ -87,12 +88,17 @@ func resolveEach(t *testing.T, o Options) ([]Baseline, []byte) {
 		t.Fatalf("%v\n%s", err, doc)
 	}
 	for _, b := range bs {
-		res, err := catalog.Resolve(reg, cfg, b.Instance)
+		// As the kvepp process resolves it: the EPP's own default when nothing is selected.
+		res, err := catalog.ResolveWithDefault(reg, cfg, b.Instance, predictedttft.TypeName)
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", b.Name, err, doc)
 		}
-		if res.Name != b.Instance || (b.Type != "" && res.Type != b.Type) {
-			t.Fatalf("%s resolved to %s (%s), want instance %s of type %s", b.Name, res.Name, res.Type, b.Instance, b.Type)
+		want := b.Instance
+		if want == "" {
+			want = predictedttft.TypeName
+		}
+		if res.Name != want || (b.Type != "" && res.Type != b.Type) {
+			t.Fatalf("%s resolved to %s (%s), want instance %s of type %s", b.Name, res.Name, res.Type, want, b.Type)
 		}
 	}
 	return bs, doc

@@ -20,19 +20,19 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/enginesim"
 	"github.com/kvepp/kvepp/enginesim/frontproxy"
 	"github.com/kvepp/kvepp/runner"
+	"github.com/zeebo/xxh3"
 )
 
 // Baseline is one router configuration under test.
 type Baseline struct {
 	// Name labels the baseline in the report.
 	Name string
-	// Instance is the worker_selection instance kvepp selects: "default" for the built-in cost
-	// policy, otherwise a catalog policy type (the generated config has one instance per type,
-	// named after it).
+	// Instance is the worker_selection instance kvepp selects: "" for nothing (what the EPP runs
+	// out of the box), "default" for the built-in cost policy, otherwise a catalog policy type (the
+	// generated config has one instance per type, named after it).
 	Instance string
 	// UseKVEvents selects event-driven indexing (true) or approximate mode (false).
 	UseKVEvents bool
@@ -67,6 +67,11 @@ type SimConfig struct {
 	StreamInterval int
 	// SerialPrefill runs one prefill at a time per worker (a compute-bound GPU).
 	SerialPrefill bool
+	// Engine is the simulated engine (vllm or simple); PrefillPerToken, PrefillOverhead,
+	// DecodePerToken and SerialPrefill apply to the simple one only.
+	Engine enginesim.Engine
+	// Profile is the vllm engine's step-time curve and scheduler limits.
+	Profile enginesim.StepProfile
 }
 
 // RunConfig is one benchmark run: a workload replayed once per baseline.
@@ -77,6 +82,9 @@ type RunConfig struct {
 	Speedup float64
 	// Concurrency caps requests in flight from the load generator (0 = unlimited).
 	Concurrency int
+	// StreamFraction is the fraction of requests sent with "stream": true (1 = all, 0 = none);
+	// which ones is fixed by the request id and the seed (streamed).
+	StreamFraction float64
 	// Seed seeds the simulator's engine hashes (the workload has its own seed).
 	Seed uint64
 	// Sim is the worker pool.
@@ -115,6 +123,8 @@ type requestResult struct {
 	ttft        time.Duration
 	queue       time.Duration
 	e2e         time.Duration
+	streamed    bool // sent with "stream": true
+	preemptions int  // vllm engine recompute preemptions
 	prompt      int
 	cached      int
 	output      int
@@ -151,6 +161,43 @@ type baselineRun struct {
 	startup   time.Duration
 }
 
+// engineConfig is the configuration of every simulated worker of run rc.
+func (sim SimConfig) engineConfig(rc RunConfig) enginesim.Config {
+	cfg := enginesim.Config{
+		Name:           "w",
+		Model:          rc.Model,
+		BlockSize:      sim.BlockSize,
+		CapacityBlocks: sim.CapacityBlocks,
+		MaxRunning:     sim.BatchLimit,
+		StreamInterval: sim.StreamInterval,
+		TimeScale:      1 / rc.Speedup,
+		HashSeed:       rc.Seed,
+		ReplayBuffer:   100000,
+		RecordLimit:    len(rc.Workload.Requests) + 16,
+		Engine:         sim.Engine,
+	}
+	if sim.Engine == enginesim.EngineVLLM {
+		cfg.Profile = sim.Profile
+		cfg.MaxRunning = sim.Profile.MaxNumSeqs
+	} else {
+		cfg.PrefillPerToken, cfg.PrefillOverhead, cfg.DecodePerToken = sim.PrefillPerToken, sim.PrefillOverhead, sim.DecodePerToken
+		cfg.SerialPrefill = sim.SerialPrefill
+	}
+	return cfg
+}
+
+// streamed reports whether request id is sent with "stream": true under fraction f: a fixed
+// pseudo-random choice per (id, seed), the same for every router.
+func streamed(id string, seed uint64, f float64) bool {
+	switch {
+	case f >= 1:
+		return true
+	case f <= 0:
+		return false
+	}
+	return float64(xxh3.HashStringSeed(id, seed)>>11)/(1<<53) < f
+}
+
 // workersFile is the path of baseline b's generated workers file.
 func (rc RunConfig) workersFile(b Baseline) string {
 	return filepath.Join(rc.WorkDir, "workers-"+fileSlug(b.Name)+".yaml")
@@ -182,7 +229,7 @@ func (rc RunConfig) kveppSpecFor(b Baseline, workersFile string) kveppSpec {
 // routers before it have run.
 func checkKveppConfigs(rc RunConfig, baselines []Baseline) error {
 	// The run-wide settings first, so their errors name the flags that gave them, not a router.
-	plain := rc.kveppSpecFor(Baseline{Name: "kvepp", Instance: catalog.DefaultName, UseKVEvents: true}, filepath.Join(rc.WorkDir, "workers.yaml"))
+	plain := rc.kveppSpecFor(Baseline{Name: "kvepp", UseKVEvents: true}, filepath.Join(rc.WorkDir, "workers.yaml"))
 	if _, err := runner.LoadConfig(plain.environ(), nil, io.Discard); err != nil {
 		return fmt.Errorf("the settings for every router (--kvepp-env, --log-level, --tokenizer-dir): %w", err)
 	}
@@ -200,22 +247,7 @@ func checkKveppConfigs(rc RunConfig, baselines []Baseline) error {
 func runBaseline(ctx context.Context, rc RunConfig, b Baseline) (*baselineRun, error) {
 	began := time.Now()
 	sim := rc.Sim
-	pool, err := enginesim.NewPool(sim.Workers, enginesim.Config{
-		Name:            "w",
-		Model:           rc.Model,
-		BlockSize:       sim.BlockSize,
-		CapacityBlocks:  sim.CapacityBlocks,
-		PrefillPerToken: sim.PrefillPerToken,
-		PrefillOverhead: sim.PrefillOverhead,
-		DecodePerToken:  sim.DecodePerToken,
-		MaxRunning:      sim.BatchLimit,
-		StreamInterval:  sim.StreamInterval,
-		SerialPrefill:   sim.SerialPrefill,
-		TimeScale:       1 / rc.Speedup,
-		HashSeed:        rc.Seed,
-		ReplayBuffer:    100000,
-		RecordLimit:     len(rc.Workload.Requests) + 16,
-	})
+	pool, err := enginesim.NewPool(sim.Workers, sim.engineConfig(rc))
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +256,7 @@ func runBaseline(ctx context.Context, rc RunConfig, b Baseline) (*baselineRun, e
 	// Workers file: worker i is worker_id i+1.
 	var yml strings.Builder
 	for i, w := range pool.Workers() {
-		fmt.Fprintf(&yml, "- worker_id: %d\n  model_name: %q\n  endpoint: %q\n  block_size: %d\n", i+1, rc.Model, w.Endpoint(), sim.BlockSize)
+		fmt.Fprintf(&yml, "- worker_id: %d\n  model_name: %q\n  endpoint: %q\n  block_size: %d\n  total_kv_blocks: %d\n", i+1, rc.Model, w.Endpoint(), sim.BlockSize, sim.CapacityBlocks)
 		if b.UseKVEvents {
 			fmt.Fprintf(&yml, "  kv_events_endpoint: %q\n  replay_endpoint: %q\n", w.KVEventsEndpoint(), w.ReplayEndpoint())
 		}
@@ -320,7 +352,7 @@ func runBaseline(ctx context.Context, rc RunConfig, b Baseline) (*baselineRun, e
 			}
 			r := &results[i]
 			r.worker = run.workers[wi]
-			r.ttft, r.queue, r.e2e = rec.TTFT, rec.Queue, rec.E2E
+			r.ttft, r.queue, r.e2e, r.preemptions = rec.TTFT, rec.Queue, rec.E2E, rec.Preemptions
 			r.prompt, r.cached, r.output = rec.PromptTokens, rec.CachedTokens, rec.OutputTokens
 			r.done = !rec.Canceled
 		}
@@ -449,10 +481,11 @@ func sleepUntil(ctx context.Context, t time.Time, prog *progress, completed *ato
 	}
 }
 
-// send posts one request as /v1/completions with a token-id prompt and "stream": true, reads the
-// SSE answer to the end and records the outcome.
+// send posts one request as /v1/completions with a token-id prompt, streamed (SSE, read to
+// [DONE]) or not (one JSON answer) as streamed chooses, and records the outcome.
 func send(ctx context.Context, client *http.Client, url string, rc RunConfig, req *Request, res *requestResult) {
-	body := completionBody(nil, rc.Model, req, rc.Workload.Seed)
+	res.streamed = streamed(req.ID, rc.Seed, rc.StreamFraction)
+	body := completionBody(nil, rc.Model, req, rc.Workload.Seed, res.streamed)
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		res.clientErr = err.Error()
@@ -474,6 +507,19 @@ func send(ctx context.Context, client *http.Client, url string, rc RunConfig, re
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 		res.clientErr = fmt.Sprintf("status %d: %s", resp.StatusCode, errorText(data))
 		res.finished = time.Now()
+		return
+	}
+	if !res.streamed {
+		var answer struct {
+			Usage *struct {
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		err := json.NewDecoder(resp.Body).Decode(&answer)
+		res.finished = time.Now()
+		if err != nil || answer.Usage == nil {
+			res.clientErr = fmt.Sprintf("non-streamed answer without usage: %v", err)
+		}
 		return
 	}
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
@@ -520,8 +566,8 @@ func errorText(body []byte) string {
 	return strings.TrimSpace(string(body))
 }
 
-// completionBody renders {"model","prompt":[ids],"max_tokens","stream":true} for req.
-func completionBody(dst []byte, model string, req *Request, seed uint64) []byte {
+// completionBody renders {"model","prompt":[ids],"max_tokens","stream"} for req.
+func completionBody(dst []byte, model string, req *Request, seed uint64, stream bool) []byte {
 	dst = append(dst, `{"model":`...)
 	dst = strconv.AppendQuote(dst, model)
 	dst = append(dst, `,"prompt":[`...)
@@ -537,6 +583,9 @@ func completionBody(dst []byte, model string, req *Request, seed uint64) []byte 
 	}
 	dst = append(dst, `],"max_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(req.OutputTokens), 10)
+	if !stream {
+		return append(dst, `,"stream":false}`...)
+	}
 	dst = append(dst, `,"stream":true,"stream_options":{"include_usage":true}}`...)
 	return dst
 }
@@ -550,11 +599,12 @@ func writeRequestsCSV(path string, run *baselineRun, w *Workload, ideal []int64)
 		return err
 	}
 	bw := bufio.NewWriter(f)
-	fmt.Fprintln(bw, "id,arrival_s,worker,prompt_tokens,cached_tokens,ideal_cached_tokens,queue_ms,ttft_ms,decision_us,status,error")
+	fmt.Fprintln(bw, "id,arrival_s,worker,streamed,prompt_tokens,cached_tokens,ideal_cached_tokens,output_tokens,queue_ms,ttft_ms,e2e_ms,preemptions,decision_us,status,error")
 	for i := range run.results {
 		r := &run.results[i]
-		fmt.Fprintf(bw, "%s,%.3f,%s,%d,%d,%d,%.1f,%.1f,%d,%d,%q\n", w.Requests[i].ID, w.Requests[i].Arrival.Seconds(), r.worker,
-			w.Requests[i].InputTokens, r.cached, ideal[i], float64(r.queue)/1e6, float64(r.ttft)/1e6, r.decision.Microseconds(), r.status, r.failure())
+		fmt.Fprintf(bw, "%s,%.3f,%s,%v,%d,%d,%d,%d,%.1f,%.1f,%.1f,%d,%d,%d,%q\n", w.Requests[i].ID, w.Requests[i].Arrival.Seconds(), r.worker, r.streamed,
+			w.Requests[i].InputTokens, r.cached, ideal[i], r.output, float64(r.queue)/1e6, float64(r.ttft)/1e6, float64(r.e2e)/1e6, r.preemptions,
+			r.decision.Microseconds(), r.status, r.failure())
 	}
 	if err := bw.Flush(); err != nil {
 		f.Close()

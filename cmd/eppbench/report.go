@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/kvepp/kvepp/enginesim"
 )
 
 // Result is the JSON result file (eppbench-out/result.json).
@@ -83,6 +85,16 @@ type SetupInfo struct {
 	CPUMethod string `json:"cpu_method"`
 	// KveppEnv are the extra kvepp settings (--kvepp-env).
 	KveppEnv []string `json:"kvepp_env,omitempty"`
+	// Engine is the simulated engine: "vllm" (step-based, timed by Profile) or "simple" (timed by
+	// the prefill/decode fields above, which the vllm engine ignores).
+	Engine string `json:"engine"`
+	// Profile is the vllm engine's step-time curve and scheduler limits (nil for simple).
+	Profile *enginesim.StepProfile `json:"step_profile,omitempty"`
+	// StreamedFraction is the fraction of requests sent with "stream": true.
+	StreamedFraction float64 `json:"streamed_fraction"`
+	// Virtual reports a --virtual replay: simulated time, kvepp's selection core in-process
+	// (decision latency is then the in-process call; kvepp CPU is not measured).
+	Virtual bool `json:"virtual"`
 }
 
 // Quantiles are nearest-rank percentiles, maximum and mean of a latency, in the unit the field
@@ -132,8 +144,25 @@ type BaselineResult struct {
 	OfIdeal      float64 `json:"fraction_of_ideal"` // HitRate / WorkloadInfo.IdealHitRate
 
 	TTFTms  Quantiles `json:"ttft_ms"`  // simulated time to first token
-	QueueMs Quantiles `json:"queue_ms"` // simulated wait for a running slot and the prefill lane
+	QueueMs Quantiles `json:"queue_ms"` // simulated wait until the engine first scheduled the request
 	E2Ems   Quantiles `json:"e2e_ms"`   // simulated end-to-end latency
+	// ITLms are the gaps between consecutive output tokens over every token of every request
+	// (simulated; from the workers' histograms, each quantile within 4.4 %).
+	ITLms Quantiles `json:"itl_ms"`
+	// TPOTms is each request's mean time per output token after the first, (E2E − TTFT) /
+	// (output tokens − 1), over requests with at least two output tokens.
+	TPOTms Quantiles `json:"tpot_ms"`
+	// TTFTStreamedMs and TTFTNonStreamedMs split TTFT by how the response was sent (each only when
+	// the run had such requests).
+	TTFTStreamedMs    *Quantiles `json:"ttft_streamed_ms,omitempty"`
+	TTFTNonStreamedMs *Quantiles `json:"ttft_non_streamed_ms,omitempty"`
+	// Preemptions is the vllm engine's recompute preemptions over all workers.
+	Preemptions uint64 `json:"preemptions"`
+	// EngineLagSeconds is the simulated time the workers' steps started late because the machine
+	// fell behind, summed over workers; it inflates every latency.
+	EngineLagSeconds float64 `json:"engine_lag_seconds"`
+	// MaxOverMeanRequests is the busiest worker's completed requests over the mean per worker.
+	MaxOverMeanRequests float64 `json:"max_over_mean_requests"`
 
 	MakespanSeconds    float64            `json:"makespan_seconds"`         // simulated: first send to last completion
 	RequestsPerSecond  float64            `json:"requests_per_second"`      // completed / makespan
@@ -150,6 +179,15 @@ type BaselineResult struct {
 	Workers            []WorkerShare      `json:"workers"`                  // per-worker shares
 	Timeline           []TimelinePoint    `json:"timeline"`                 // hit rate over time
 	FirstErrors        []string           `json:"first_errors,omitempty"`   // up to 5 error descriptions
+}
+
+// histogramQuantiles summarizes a simulator latency histogram in milliseconds.
+func histogramQuantiles(h *enginesim.LatencyHistogram) Quantiles {
+	if h.Count() == 0 {
+		return Quantiles{}
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	return Quantiles{P50: ms(h.Quantile(0.5)), P90: ms(h.Quantile(0.9)), P99: ms(h.Quantile(0.99)), Max: ms(h.Quantile(1)), Mean: ms(h.Mean())}
 }
 
 func quantiles(ds []time.Duration, unit time.Duration) Quantiles {
@@ -183,7 +221,7 @@ func summarize(run *baselineRun, w *Workload, ideal []int64, speedup float64, bu
 		KveppPeakRSSBytes:  run.peakRSS,
 		KveppMetrics:       run.metrics,
 	}
-	var ttft, queue, e2e, decision, lag []time.Duration
+	var ttft, queue, e2e, decision, lag, tpot, ttftS, ttftN []time.Duration
 	var idealTokens, promptAll int64
 	first, last := time.Time{}, time.Time{}
 	perWorker := map[string]*WorkerShare{}
@@ -218,6 +256,14 @@ func summarize(run *baselineRun, w *Workload, ideal []int64, speedup float64, bu
 		ttft = append(ttft, r.ttft)
 		queue = append(queue, r.queue)
 		e2e = append(e2e, r.e2e)
+		if r.output > 1 {
+			tpot = append(tpot, (r.e2e-r.ttft)/time.Duration(r.output-1))
+		}
+		if r.streamed {
+			ttftS = append(ttftS, r.ttft)
+		} else {
+			ttftN = append(ttftN, r.ttft)
+		}
 		if r.finished.After(last) {
 			last = r.finished
 		}
@@ -241,13 +287,26 @@ func summarize(run *baselineRun, w *Workload, ideal []int64, speedup float64, bu
 	br.QueueMs = quantiles(queue, time.Millisecond)
 	br.E2Ems = quantiles(e2e, time.Millisecond)
 	br.DecisionUs = quantiles(decision, time.Microsecond)
+	br.TPOTms = quantiles(tpot, time.Millisecond)
+	br.ITLms = histogramQuantiles(&run.pool.ITL)
+	if len(ttftS) > 0 && len(ttftN) > 0 {
+		qs, qn := quantiles(ttftS, time.Millisecond), quantiles(ttftN, time.Millisecond)
+		br.TTFTStreamedMs, br.TTFTNonStreamedMs = &qs, &qn
+	}
+	br.Preemptions = run.pool.Preemptions
+	br.EngineLagSeconds = run.pool.EngineLag.Seconds()
 	br.DispatchLagMs = quantiles(lag, time.Millisecond)
+	most := 0
 	for _, name := range run.workers {
 		ws := perWorker[name]
 		if ws.PromptTokens > 0 {
 			ws.HitRate = float64(workerCached[name]) / float64(ws.PromptTokens)
 		}
 		br.Workers = append(br.Workers, *ws)
+		most = max(most, ws.Requests)
+	}
+	if br.Completed > 0 && len(run.workers) > 0 {
+		br.MaxOverMeanRequests = float64(most) / (float64(br.Completed) / float64(len(run.workers)))
 	}
 	br.Timeline = timeline(run, w, ideal, buckets)
 	return br
@@ -301,25 +360,33 @@ func writeTable(out io.Writer, res *Result) {
 		res.Setup.BlockSize, res.Setup.Speedup)
 	fmt.Fprintf(out, "Ideal reuse (unbounded single cache): %.1f %% of prompt tokens; one LRU cache of the pool's total capacity: %.1f %%.\n\n",
 		100*res.Workload.IdealHitRate, 100*res.Workload.PooledLRUHitRate)
-	fmt.Fprintln(out, "| router | hit rate | of ideal | TTFT p50 | TTFT p90 | TTFT p99 | req/s | out tok/s | decision p50 | decision p99 | kvepp CPU | errors |")
-	fmt.Fprintln(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(out, "| router | hit rate | of ideal | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | ITL p99 | E2E p50 | out tok/s | max/mean req | decision p50 | decision p99 | kvepp CPU | errors |")
+	fmt.Fprintln(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, b := range res.Baselines {
 		if b.Completed == 0 {
 			// Nothing completed, so there is nothing to measure: dashes, not zeros.
-			fmt.Fprintf(out, "| %s | — | — | — | — | — | — | — | %s | %s | %.2f s | %d |\n",
+			fmt.Fprintf(out, "| %s | — | — | — | — | — | — | — | — | — | — | %s | %s | %.2f s | %d |\n",
 				b.Name, fmtUs(b.DecisionUs.P50), fmtUs(b.DecisionUs.P99), b.KveppCPUSeconds, b.Errors)
 			continue
 		}
-		fmt.Fprintf(out, "| %s | %.1f %% | %.0f %% | %s | %s | %s | %.2f | %.0f | %s | %s | %.2f s | %d |\n",
+		fmt.Fprintf(out, "| %s | %.1f %% | %.0f %% | %s | %s | %s | %s | %s | %s | %.0f | %.2f | %s | %s | %.2f s | %d |\n",
 			b.Name, 100*b.HitRate, 100*b.OfIdeal, fmtMs(b.TTFTms.P50), fmtMs(b.TTFTms.P90), fmtMs(b.TTFTms.P99),
-			b.RequestsPerSecond, b.OutputTokensPerSec, fmtUs(b.DecisionUs.P50), fmtUs(b.DecisionUs.P99),
-			b.KveppCPUSeconds, b.Errors)
+			fmtMs(b.ITLms.P50), fmtMs(b.ITLms.P99), fmtMs(b.E2Ems.P50), b.OutputTokensPerSec, b.MaxOverMeanRequests,
+			fmtUs(b.DecisionUs.P50), fmtUs(b.DecisionUs.P99), b.KveppCPUSeconds, b.Errors)
 	}
 	fmt.Fprintln(out)
-	fmt.Fprintln(out, "Hit rate = prompt tokens served from the simulated workers' prefix caches / prompt tokens. TTFT, req/s and")
-	fmt.Fprintln(out, "output tok/s are in simulated time (wall × speedup). Decision = kvepp's routing latency measured at the")
-	fmt.Fprintln(out, "proxy in wall time (body end_of_stream sent → routing reply). kvepp CPU = the kvepp process's user+system")
-	fmt.Fprintln(out, "CPU seconds during the replay.")
+	fmt.Fprintln(out, "Hit rate = prompt tokens served from the simulated workers' prefix caches / prompt tokens. TTFT, ITL")
+	fmt.Fprintln(out, "(gap between consecutive output tokens, over all tokens), E2E and output tok/s are in simulated time")
+	fmt.Fprintln(out, "(wall × speedup). max/mean req = the busiest worker's requests over the mean. Decision = kvepp's routing")
+	fmt.Fprintln(out, "latency measured at the proxy in wall time (body end_of_stream sent → routing reply). kvepp CPU = the")
+	fmt.Fprintln(out, "kvepp process's user+system CPU seconds during the replay.")
+	if p := res.Setup.Profile; p != nil {
+		fmt.Fprintf(out, "Engine: vLLM V1 scheduler model, profile %s (step %.3g ms + %.3g µs/token + %.3g ns/attention pair + %.3g ns/decode context token; %d tokens per step, %d sequences).\n",
+			p.Name, p.StepMs, p.PerTokenUs, p.AttentionPairNs, p.ContextTokenNs, p.MaxNumBatchedTokens, p.MaxNumSeqs)
+	}
+	if f := res.Setup.StreamedFraction; f < 1 {
+		fmt.Fprintf(out, "Responses: %.0f %% streamed; TTFT of a non-streamed response is the simulator's (its client sees only the whole answer).\n", 100*f)
+	}
 	for _, w := range res.Warnings {
 		fmt.Fprintf(out, "\n**Warning:** %s\n", w)
 	}
@@ -350,6 +417,9 @@ func saturationWarnings(res *Result) []string {
 				b.Name, b.Errors, b.Requests, cover, why, fileSlug(b.Name)))
 		}
 		if w := saturationWarning(b, res.Workload); w != "" {
+			out = append(out, w)
+		}
+		if w := machineWarning(b, res.Setup.Workers); w != "" {
 			out = append(out, w)
 		}
 	}
@@ -384,6 +454,27 @@ func saturationWarning(b BaselineResult, w WorkloadInfo) string {
 	return fmt.Sprintf("router %q saturated the simulated workers (%s, simulated time); its figures are unstable from run to run. "+
 		"Use more --workers, fewer requests (--limit) or a cheaper timing model (--prefill-us-per-token); if dispatch_lag_ms "+
 		"in result.json is high, the machine is the bottleneck: lower --speedup.", b.Name, strings.Join(why, "; "))
+}
+
+// machineLagShare is the share of a run's simulated time the engines may lose to a machine that
+// falls behind before machineWarning speaks.
+const machineLagShare = 0.05
+
+// machineWarning reports, or returns "", that the machine running the benchmark fell behind during
+// router b's replay: its simulated engines lost more than 5 % of the run to steps that started late
+// (engine_lag_seconds per worker over the makespan), which slows every request and makes the
+// figures describe the machine rather than the router.
+func machineWarning(b BaselineResult, workers int) string {
+	if workers < 1 || b.MakespanSeconds <= 0 {
+		return ""
+	}
+	share := b.EngineLagSeconds / float64(workers) / b.MakespanSeconds
+	if share <= machineLagShare {
+		return ""
+	}
+	return fmt.Sprintf("router %q: the machine fell behind, so the simulated engines lost %.0f %% of the run to late steps "+
+		"(engine_lag_seconds in result.json); its latencies describe the machine, not the router. Rerun on a quieter machine, "+
+		"lower --speedup, or use --virtual.", b.Name, 100*share)
 }
 
 func fmtMs(ms float64) string {

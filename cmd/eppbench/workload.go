@@ -244,11 +244,11 @@ type ChatConfig struct {
 // so most of a prompt is the conversation's own history.
 var DefaultChat = ChatConfig{
 	SystemPrompts: 4,
-	SystemTokens:  [2]int{500, 1500},
-	Conversations: 64,
+	SystemTokens:  [2]int{2000, 6000},
+	Conversations: 120,
 	Turns:         [2]int{4, 9},
-	UserTokens:    [2]int{100, 800},
-	OutputTokens:  [2]int{100, 300},
+	UserTokens:    [2]int{200, 2000},
+	OutputTokens:  [2]int{100, 400},
 	StartWindow:   60 * time.Second,
 	ThinkTime:     [2]time.Duration{6 * time.Second, 12 * time.Second},
 }

@@ -228,7 +228,7 @@ func TestCompletionBody(t *testing.T) {
 		MaxTokens int      `json:"max_tokens"`
 		Stream    bool     `json:"stream"`
 	}
-	if err := json.Unmarshal(completionBody(nil, "m", r, w.Seed), &body); err != nil {
+	if err := json.Unmarshal(completionBody(nil, "m", r, w.Seed, true), &body); err != nil {
 		t.Fatal(err)
 	}
 	if body.Model != "m" || !body.Stream || body.MaxTokens != r.OutputTokens || !reflect.DeepEqual(body.Prompt, r.AppendTokens(nil, w.Seed)) {

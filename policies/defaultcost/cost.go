@@ -41,7 +41,14 @@ func CachedTokens(p Params, deviceBlocks, hostExtBlocks, diskExtBlocks, blockSiz
 
 // cachedTokens is CachedTokens without copying p (the per-candidate path).
 func cachedTokens(p *Params, deviceBlocks, hostExtBlocks, diskExtBlocks, blockSize int) int {
-	w := float64(deviceBlocks) + p.HostCacheHitWeight*float64(hostExtBlocks) + p.DiskCacheHitWeight*float64(diskExtBlocks)
+	return WeightedCachedTokens(p.HostCacheHitWeight, p.DiskCacheHitWeight, deviceBlocks, hostExtBlocks, diskExtBlocks, blockSize)
+}
+
+// WeightedCachedTokens is CachedTokens with the two weights given directly (no router
+// configuration to copy), for other policies' per-candidate paths: max(0, round((device +
+// hostWeight × hostExt + diskWeight × diskExt) × blockSize)) tokens.
+func WeightedCachedTokens(hostWeight, diskWeight float64, deviceBlocks, hostExtBlocks, diskExtBlocks, blockSize int) int {
+	w := float64(deviceBlocks) + hostWeight*float64(hostExtBlocks) + diskWeight*float64(diskExtBlocks)
 	v := math.Round(w * float64(blockSize))
 	if !(v > 0) {
 		return 0

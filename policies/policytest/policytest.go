@@ -28,8 +28,10 @@ type Candidate struct {
 	// and blocks shared beyond the device prefix.
 	Device, Host, Disk, SharedBeyondDevice int
 
-	// LOAD group: active prefill tokens, decode cost in blocks, and live bookings (requests).
+	// LOAD group: active prefill tokens, decode cost in blocks, and live bookings (requests),
+	// with kvepp's engine extension.
 	Prefill, DecodeCost, Requests int
+	Engine                        policies.EngineLoad
 
 	// ROUTING group: the preferred-taint multiplier and whether the worker has one.
 	Multiplier    float64
@@ -53,7 +55,7 @@ func (s Source) Cache(i int) policies.CacheInputs {
 // Load returns candidate i's LOAD group.
 func (s Source) Load(i int) policies.LoadInputs {
 	c := &s[i]
-	return policies.NewLoadInputs(c.Prefill, c.DecodeCost, c.Requests)
+	return policies.NewLoadInputs(c.Prefill, c.DecodeCost, c.Requests).WithEngine(c.Engine)
 }
 
 // Routing returns candidate i's ROUTING group.

@@ -1,0 +1,161 @@
+package picker_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvepp/kvepp/picker"
+	"github.com/kvepp/kvepp/picker/pickertest"
+	"github.com/kvepp/kvepp/policies"
+)
+
+// prompt returns n distinct token ids (distinct prompts never share a cached prefix).
+func prompt(n int) []uint32 {
+	promptSeq++
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = promptSeq<<20 + uint32(i)
+	}
+	return out
+}
+
+var promptSeq uint32
+
+// trainRate books and completes three observed requests of 1,000 tokens on worker 1, 100 ms each
+// on the fake clock: a measured rate of 10,000 tokens/s.
+func trainRate(t *testing.T, s *picker.Service, clk *pickertest.Clock) {
+	t.Helper()
+	for i := 0; i < 3; i++ {
+		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(1000)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(100 * time.Millisecond)
+		if err := s.PrefillComplete(ctxb(), sel.SelectionID); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Free(ctxb(), sel.SelectionID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestPrefillOfUnobservedResponsesIsReleasedOnTheEstimate(t *testing.T) {
+	clk := pickertest.NewClock(time0)
+	s := newService(t, func(c *picker.Config) { c.Now = clk.Now })
+	mustUpsert(t, s, worker(1))
+	unobserved := func(r *picker.SelectRequest) { r.PrefillUnobserved = true }
+
+	t.Run("without a measured rate the prefill is held until the response ends", func(t *testing.T) {
+		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(2000), unobserved))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := s.PendingPrefillReleases(); n != 0 {
+			t.Fatalf("%d releases queued without any measured rate", n)
+		}
+		clk.Advance(time.Hour)
+		if n := s.ReleaseDuePrefills(clk.Now()); n != 0 || loadOf(t, s, "model", "default", 1, 0).PotentialPrefillTokens != 2000 {
+			t.Fatalf("released %d, load %+v", n, loadOf(t, s, "model", "default", 1, 0))
+		}
+		_ = s.Free(ctxb(), sel.SelectionID)
+	})
+
+	trainRate(t, s, clk)
+
+	t.Run("the prefill is released when the queued and own work is done at the measured rate", func(t *testing.T) {
+		// Booked behind a streamed request of 3,000 tokens: 3,000 + 2,000 tokens at 10,000
+		// tokens/s finish 500 ms after admission, 625 ms with the 1.25 margin.
+		first, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(3000)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(2000), unobserved))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := s.PendingPrefillReleases(); n != 1 {
+			t.Fatalf("%d releases queued, want 1", n)
+		}
+		clk.Advance(624 * time.Millisecond)
+		if n := s.ReleaseDuePrefills(clk.Now()); n != 0 {
+			t.Fatalf("released %d after 624 ms, before the estimate", n)
+		}
+		clk.Advance(time.Millisecond)
+		if n := s.ReleaseDuePrefills(clk.Now()); n != 1 {
+			t.Fatalf("released %d at the estimate, want 1", n)
+		}
+		if got := loadOf(t, s, "model", "default", 1, 0).PotentialPrefillTokens; got != 3000 {
+			t.Fatalf("active prefill %d, want only the streamed request's 3,000 left", got)
+		}
+		// The late signal at the end of the response changes nothing and trains nothing.
+		if err := s.PrefillComplete(ctxb(), sel.SelectionID); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{first.SelectionID, sel.SelectionID} {
+			if err := s.Free(ctxb(), id); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	t.Run("a freed booking is not released later", func(t *testing.T) {
+		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(1000), unobserved))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Free(ctxb(), sel.SelectionID); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(time.Second)
+		if n := s.ReleaseDuePrefills(clk.Now()); n != 0 {
+			t.Fatalf("released %d freed bookings", n)
+		}
+	})
+	t.Run("the opt-out holds every prefill until the response ends", func(t *testing.T) {
+		clk := pickertest.NewClock(time0)
+		s := newService(t, func(c *picker.Config) { c.Now = clk.Now; c.EstimatePrefillCompletion = false })
+		mustUpsert(t, s, worker(1))
+		trainRate(t, s, clk)
+		if _, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(1000), unobserved)); err != nil {
+			t.Fatal(err)
+		}
+		if n := s.PendingPrefillReleases(); n != 0 {
+			t.Fatalf("%d releases queued with the estimate off", n)
+		}
+	})
+}
+
+func TestPoliciesSeeTheMeasuredEngineLoad(t *testing.T) {
+	clk := pickertest.NewClock(time0)
+	var seen policies.EngineLoad
+	recordLoad := &engineProbe{seen: &seen}
+	s := newService(t, func(c *picker.Config) { c.Now = clk.Now }, withPolicy(nil, []policies.WorkerScorer{recordLoad}, lowestCost))
+	mustUpsert(t, s, worker(1, func(r *picker.WorkerRecord) { r.TotalKVBlocks = u64(5000) }))
+	trainRate(t, s, clk)
+	if _, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(400))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(40))); err != nil {
+		t.Fatal(err)
+	}
+	want := policies.EngineLoad{PrefillRequests: 1, PrefillTokensPerSecond: 10000, PrefillRateSamples: 3,
+		PoolPrefillTokensPerSecond: 10000, ActiveBlocks: 100, TotalKVBlocks: 5000, PoolCandidates: 1}
+	seen.PoolArrivalsPerSecond = 0 // measured from the fake clock's booking times; checked below
+	if seen.PrefillTokensPerSecond < 9999 || seen.PrefillTokensPerSecond > 10001 || seen.PoolPrefillTokensPerSecond < 9999 {
+		t.Fatalf("engine load %+v, want a measured 10,000 tokens/s", seen)
+	}
+	seen.PrefillTokensPerSecond, seen.PoolPrefillTokensPerSecond = 10000, 10000
+	if seen != want {
+		t.Fatalf("engine load %+v, want %+v", seen, want)
+	}
+}
+
+// engineProbe is a scorer that records the engine load it is shown (cost 0).
+type engineProbe struct{ seen *policies.EngineLoad }
+
+func (p *engineProbe) RequiredWorkerInputs() policies.WorkerInputs { return policies.InputsLoad }
+
+func (p *engineProbe) Score(_ *policies.WorkerSelectionContext, c *policies.WorkerCandidate) (float64, error) {
+	*p.seen = *c.Load().Engine()
+	return 0, nil
+}
