@@ -145,6 +145,9 @@ func (s *Service) ReleaseDuePrefills(now time.Time) int {
 		}
 		if s.ledger.PrefillCompleteAttempt(r.id, r.attempt) == nil {
 			released++
+			// Peers mirror the booking with its prefill; they release it when this replica
+			// says so, as for an observed completion (selection-service.md §15.4).
+			s.publishLifecycle(ledger.SlotPrefillComplete, &b)
 			if s.queued.Load() > 0 {
 				s.kickName(b.Partition)
 			}

@@ -159,3 +159,34 @@ func (p *engineProbe) Score(_ *policies.WorkerSelectionContext, c *policies.Work
 	*p.seen = *c.Load().Engine()
 	return 0, nil
 }
+
+func TestAnEstimatedPrefillReleaseReachesThePeers(t *testing.T) {
+	clk := pickertest.NewClock(time0)
+	peer := newService(t, func(c *picker.Config) { c.Now = clk.Now })
+	mustUpsert(t, peer, worker(1))
+	rec := &recorder{to: peer, origin: 7}
+	s := newService(t, withSlotPublisher(rec), func(c *picker.Config) { c.Now = clk.Now })
+	mustUpsert(t, s, worker(1))
+	trainRate(t, s, clk)
+
+	sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(2000), func(r *picker.SelectRequest) { r.PrefillUnobserved = true }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := loadOf(t, peer, "model", "default", 1, 0).PotentialPrefillTokens; got != 2000 {
+		t.Fatalf("the peer's mirror holds %d prefill tokens, want 2000", got)
+	}
+	clk.Advance(time.Second) // 2,000 tokens at 10,000 tokens/s, ×1.25: due after 250 ms
+	if n := s.ReleaseDuePrefills(clk.Now()); n != 1 {
+		t.Fatalf("released %d, want 1", n)
+	}
+	if got := loadOf(t, peer, "model", "default", 1, 0).PotentialPrefillTokens; got != 0 {
+		t.Fatalf("after the estimated release the peer still holds %d prefill tokens", got)
+	}
+	if err := s.Free(ctxb(), sel.SelectionID); err != nil {
+		t.Fatal(err)
+	}
+	if got := loadOf(t, peer, "model", "default", 1, 0).ActiveRequests; got != 0 {
+		t.Fatalf("the peer holds %d requests after the free", got)
+	}
+}
