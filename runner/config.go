@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvepp/kvepp/extproc/tokenizer"
+	"github.com/kvepp/kvepp/picker"
 )
 
 // Tokenizer protocols accepted by DYN_EPP_TOKENIZER_PROTOCOL (epp.md §5.4).
@@ -91,6 +92,12 @@ type Config struct {
 	IndexerPeers []string `env:"DYN_EPP_INDEXER_PEERS" flag:"indexer-peers" help:"comma list of peer selection base URLs for /dump recovery"`
 	// RecoveryTimeout bounds startup recovery (DYN_EPP_RECOVERY_TIMEOUT_SECS, seconds).
 	RecoveryTimeout Seconds `env:"DYN_EPP_RECOVERY_TIMEOUT_SECS" envDefault:"30" flag:"recovery-timeout-secs" help:"bound on startup /dump recovery, seconds"`
+	// RecoveryMaxBytes bounds one peer's /dump body read by startup recovery
+	// (DYN_EPP_RECOVERY_MAX_BYTES, bytes, > 0); a larger dump is refused and the next peer tried.
+	RecoveryMaxBytes int64 `env:"DYN_EPP_RECOVERY_MAX_BYTES" envDefault:"1073741824" help:"largest peer /dump recovery reads, bytes"`
+	// RecoveryMaxEvents bounds the events startup recovery accepts from one peer's /dump
+	// (DYN_EPP_RECOVERY_MAX_EVENTS, > 0); a dump with more is refused and the next peer tried.
+	RecoveryMaxEvents int `env:"DYN_EPP_RECOVERY_MAX_EVENTS" envDefault:"4194304" help:"most events recovery accepts from one peer /dump"`
 
 	// --- replica sync and peer EPPs (epp.md §10.4, §11.2; selection-service.md §15) ---
 
@@ -797,6 +804,12 @@ func (c *Config) validateRouter() error {
 	if len(c.IndexerPeers) > 0 && c.RecoveryTimeout <= 0 {
 		return c.invalid("DYN_EPP_RECOVERY_TIMEOUT_SECS", c.RecoveryTimeout.Duration().Seconds(), "must be > 0")
 	}
+	if c.RecoveryMaxBytes <= 0 {
+		return c.invalid("DYN_EPP_RECOVERY_MAX_BYTES", c.RecoveryMaxBytes, "must be > 0")
+	}
+	if c.RecoveryMaxEvents <= 0 {
+		return c.invalid("DYN_EPP_RECOVERY_MAX_EVENTS", c.RecoveryMaxEvents, "must be > 0")
+	}
 
 	nonNeg := []struct {
 		key string
@@ -977,4 +990,10 @@ func (c *Config) EffectiveTokenizerProtocol() string {
 		return TokenizerProtocolVLLMRender
 	}
 	return TokenizerProtocolNone
+}
+
+// dumpLimits are the bounds of a recovered /dump (DYN_EPP_RECOVERY_MAX_BYTES,
+// DYN_EPP_RECOVERY_MAX_EVENTS).
+func (c *Config) dumpLimits() picker.DumpLimits {
+	return picker.DumpLimits{MaxBytes: c.RecoveryMaxBytes, MaxEvents: c.RecoveryMaxEvents}
 }

@@ -112,7 +112,7 @@ func (i *Instance) awaitPoolReady(runCtx context.Context, cfg Config, log zerolo
 		}
 	}
 	if len(i.recoveryPeers) > 0 {
-		recovered := recoverIndex(runCtx, i.Service, i.recoveryPeers, cfg.RecoveryTimeout.Duration(), log)
+		recovered := recoverIndex(runCtx, i.Service, i.recoveryPeers, cfg, log)
 		if i.events != nil {
 			i.events.ReleaseEvents(recovered)
 		}

@@ -423,7 +423,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	// InferencePool, after its pods are registered: awaitPoolReady).
 	inst.recoveryPeers = recoveryPeers
 	if len(recoveryPeers) > 0 && inst.pool == nil {
-		recovered := recoverIndex(ctx, inst.Service, recoveryPeers, cfg.RecoveryTimeout.Duration(), log)
+		recovered := recoverIndex(ctx, inst.Service, recoveryPeers, cfg, log)
 		if inst.events != nil {
 			inst.events.ReleaseEvents(recovered)
 		}
