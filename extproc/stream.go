@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/kvepp/kvepp/internal/excerpt"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -688,43 +687,10 @@ func (st *stream) loadOnlyModel(body []byte, readable bool) (string, error) {
 	return model, err
 }
 
-// resolveModel implements the partition and LoRA rows of epp.md §5.5 for the model m a request
-// names: a served model is its own partition; else DYN_MODEL_NAME's partition, with a body model
-// as the LoRA adapter; a request naming no model uses the only served model. A model named but
-// neither served nor covered by DYN_MODEL_NAME is a 404. A request naming no model while several
-// are served is a 400 — except for a load-only pick (loadOnly), which then chooses among every
-// model's workers ("") because nothing in the request can tell them apart. The name must pass
-// picker.ValidateName (400).
+// resolveModel resolves the model m the request names (resolveModel of model.go, shared with
+// ResolveBodyModel).
 func (st *stream) resolveModel(m namedModel, loadOnly bool) (partition, lora string, err error) {
-	if m.name != "" {
-		if err := picker.ValidateName(m.field, m.name); err != nil {
-			return "", "", err
-		}
-	}
-	p := st.s.cfg.Picker
-	if m.name != "" && p.HasModel(m.name) {
-		return m.name, "", nil
-	}
-	if base := st.s.cfg.ModelName; base != "" {
-		if m.fromBody && m.name != base {
-			lora = m.name
-		}
-		return base, lora, nil
-	}
-	if m.name != "" {
-		return "", "", picker.Errorf(KindModelNotFound, "model %q is not served", excerpt.Of(m.name))
-	}
-	switch ms := p.Models(); {
-	case len(ms) == 1:
-		return ms[0], "", nil
-	case loadOnly:
-		return "", "", nil
-	case len(ms) == 0:
-		return "", "", picker.Errorf(picker.KindNotReady, "no model is served: no worker is registered")
-	default:
-		return "", "", picker.Errorf(picker.KindBadRequest,
-			"the request names no model and %d models are served; set \"model\" (or DYN_MODEL_NAME)", len(ms))
-	}
+	return resolveModel(st.s.cfg.Picker, st.s.cfg.ModelName, m, loadOnly)
 }
 
 // loadOnlyPick is epp.md §5.7: no booking. The candidates are the workers of the partition the

@@ -371,7 +371,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		// §2) while ext_proc keeps routing through the core (epp.md §9).
 		Draining: inst.Health.Draining,
 		Replica:  inst.replica.peers(),
-	}), cfg)
+	}), cfg, inst.Service)
 	inst.httpSrv = &http.Server{
 		Handler:           tokAPI,
 		ReadHeaderTimeout: timeouts.ReadHeader,
