@@ -78,7 +78,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		set.def = byteTokenizer{}
 		return set, nil
 	case TokenizerProtocolVLLMRender:
-		if err := loadRenderTokenizers(cfg, set); err != nil {
+		if err := loadRenderTokenizers(cfg, set, log); err != nil {
 			return nil, err
 		}
 		return set, nil

@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/kvepp/kvepp/extproc/extproctest"
+	"github.com/kvepp/kvepp/internal/syncbuf"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -207,5 +210,63 @@ func TestRenderURLsPerModel(t *testing.T) {
 		if n != 1 {
 			t.Fatalf("model %q: its render server saw %d calls, want 1", model, n)
 		}
+	}
+}
+
+// TestRenderFailuresAreLoggedWithTheURLTheClientDoesNotSee: a render 5xx, an unreachable render
+// server and a 404 (a wrong render URL) are each logged at warn with the render URL and status;
+// the client's error body never names the render URL.
+func TestRenderFailuresAreLoggedWithTheURLTheClientDoesNotSee(t *testing.T) {
+	rs := newRenderStub(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	chat := []byte(`{"model":"` + e2eModel + `","messages":[{"role":"user","content":"hi"}]}`)
+	for _, tc := range []struct {
+		name, url  string
+		status     int
+		body       string
+		wantStatus int
+	}{
+		{"a render 5xx", rs.srv.URL, 500, `{"error":{"message":"engine died"}}`, 502},
+		{"a render 404", rs.srv.URL, 404, `{"detail":"Not Found"}`, 400},
+		{"an unreachable render server", dead, 0, "", 503},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.status != 0 {
+				rs.set(tc.status, tc.body)
+			}
+			cfg := loopbackConfig(t)
+			cfg.TokenizerDir, cfg.TokenizerServiceURL, cfg.UseKVEvents = "", tc.url, false
+			var logs syncbuf.Buffer
+			l := zerolog.New(&logs)
+			inst, err := Start(context.Background(), Options{Config: cfg, Logger: &l})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = inst.Stop(context.Background()) })
+			addWorkers(t, inst, 1, 18250)
+			ex, err := extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC)).Do(context.Background(),
+				extproctest.Request{Body: chat, Headers: []extproctest.Header{{Key: "x-request-id", Value: "rid-9"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ex.Immediate == nil || ex.Immediate.Status != tc.wantStatus || strings.Contains(string(ex.Immediate.Body), strings.TrimPrefix(tc.url, "http://")) {
+				t.Fatalf("immediate %+v: want %d without the render URL", ex.Immediate, tc.wantStatus)
+			}
+			var logged bool
+			for _, line := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(line, `"level":"warn"`) && strings.Contains(line, tc.url+"/v1/chat/completions/render") &&
+					strings.Contains(line, `"request_id":"rid-9"`) {
+					logged = true
+				}
+			}
+			if !logged {
+				t.Fatalf("no warn line names the render URL and the request id:\n%s", logs.String())
+			}
+		})
 	}
 }
