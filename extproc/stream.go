@@ -801,8 +801,9 @@ func (st *stream) tokenize(kind requestKind, model string, body []byte, src prom
 	}
 	t, err := st.s.cfg.Tokenizers.ForModel(model)
 	if err != nil {
-		if picker.KindOf(err) != picker.KindInternal {
-			return nil, nil, err
+		var pe *picker.Error
+		if errors.As(err, &pe) {
+			return nil, nil, err // it says what is missing itself
 		}
 		return nil, nil, &picker.Error{Kind: picker.KindInternal, Message: fmt.Sprintf("no tokenizer for model %q: %v", model, err), Err: err}
 	}

@@ -270,3 +270,33 @@ func TestRenderFailuresAreLoggedWithTheURLTheClientDoesNotSee(t *testing.T) {
 		})
 	}
 }
+
+// TestAModelWithoutARenderURLNamesTheRenderSettings: with DYN_EPP_TOKENIZER_SERVICE_URLS covering
+// one model only, a request for another served model is a 500 that names the render settings to
+// set — not the local-mode ones — and does not list the configured models.
+func TestAModelWithoutARenderURLNamesTheRenderSettings(t *testing.T) {
+	rs := newRenderStub(t)
+	cfg := loopbackConfig(t)
+	cfg.TokenizerDir, cfg.UseKVEvents = "", false
+	cfg.TokenizerServiceURLs = ModelDirs{e2eModel: rs.srv.URL, "secret/other": rs.srv.URL}
+	inst := startInstance(t, cfg)
+	bs := uint32(16)
+	if _, err := inst.Service.UpsertWorker(context.Background(), picker.WorkerRecord{WorkerID: 1, ModelName: "unlisted/model",
+		Endpoint: "http://127.0.0.1:18261", BlockSize: &bs}, picker.SourceAPI); err != nil {
+		t.Fatal(err)
+	}
+	ex, err := extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC)).Do(context.Background(), extproctest.Request{
+		Body: []byte(`{"model":"unlisted/model","messages":[{"role":"user","content":"hi"}]}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := ""
+	if ex.Immediate != nil {
+		body = string(ex.Immediate.Body)
+	}
+	if ex.Immediate == nil || ex.Immediate.Status != 500 || !strings.Contains(body, "DYN_EPP_TOKENIZER_SERVICE_URL") ||
+		strings.Contains(body, "DYN_EPP_TOKENIZERS") || strings.Contains(body, "DYN_EPP_TOKENIZER_DIR") ||
+		strings.Contains(body, "secret/other") || strings.Count(body, "unlisted/model") != 1 {
+		t.Fatalf("immediate %v %s: want a 500 naming the render settings once, without the configured models", ex.Immediate, body)
+	}
+}
