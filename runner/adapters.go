@@ -100,6 +100,10 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		if err != nil {
 			return nil, fmt.Errorf("invalid %s %q: %w", setting, dir, err)
 		}
+		if !t.HasChatTemplate() {
+			log.Warn().Str("setting", setting).Str("dir", resolved).Str("model", model).
+				Msg("tokenizer has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja): chat and Responses requests for this model get 400; completions work. Add the model's chat template file, or use DYN_EPP_TOKENIZER_PROTOCOL=vllm-render")
+		}
 		return t, nil
 	}
 	if cfg.TokenizerDir != "" {

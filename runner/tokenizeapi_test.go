@@ -14,10 +14,12 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/rs/zerolog"
 
 	"github.com/kvepp/kvepp/extproc"
 	"github.com/kvepp/kvepp/extproc/extproctest"
 	"github.com/kvepp/kvepp/internal/sharedtest"
+	"github.com/kvepp/kvepp/internal/syncbuf"
 )
 
 func qwenLocal(t *testing.T) localTokenizer {
@@ -237,5 +239,52 @@ func TestTokenizeResolvesTheModelAsExtProcDoes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAModelWithoutAChatTemplate: a local tokenizer without a chat template (Llama 2's files as
+// fetched) is warned about at startup; a chat request is a 400 saying why, over ext_proc and on
+// /tokenize, as vLLM answers; completions still route.
+func TestAModelWithoutAChatTemplate(t *testing.T) {
+	dir := t.TempDir()
+	tj, err := os.ReadFile(filepath.Join("..", "extproc", "tokenizer", "testdata", "sp-layouts", "llama-legacy.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tj, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(`{"bos_token":"<s>","eos_token":"</s>","add_bos_token":true}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := loopbackConfig(t)
+	cfg.TokenizerDir, cfg.UseKVEvents, cfg.ModelName = dir, false, e2eModel
+	var logs syncbuf.Buffer
+	l := zerolog.New(&logs)
+	inst, err := Start(context.Background(), Options{Config: cfg, Logger: &l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = inst.Stop(context.Background()) })
+	if !strings.Contains(logs.String(), `"level":"warn"`) || !strings.Contains(logs.String(), "no chat template") || !strings.Contains(logs.String(), dir) {
+		t.Fatalf("no startup warning about the missing chat template:\n%s", logs.String())
+	}
+	addWorkers(t, inst, 1, 18270)
+	client := extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC))
+	chat := `{"model":"` + e2eModel + `","messages":[{"role":"user","content":"hi"}]}`
+	ex, err := client.Do(context.Background(), extproctest.Request{Body: []byte(chat)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex.Immediate == nil || ex.Immediate.Status != 400 || !strings.Contains(string(ex.Immediate.Body), "no chat template") {
+		t.Fatalf("chat over ext_proc: %+v, want a 400 saying there is no chat template", ex.Immediate)
+	}
+	if code, body := post(t, "http://"+inst.Addrs().Selection+"/tokenize", chat); code != 400 || !strings.Contains(body, "no chat template") {
+		t.Fatalf("/tokenize chat: %d %s", code, body)
+	}
+	ex, err = client.Do(context.Background(), extproctest.Request{Path: "/v1/completions", Body: []byte(`{"prompt":"hello"}`),
+		Response: &extproctest.Response{Chunks: [][]byte{[]byte(`{}`)}}})
+	if err != nil || ex.Immediate != nil {
+		t.Fatalf("completion: %v %+v", err, ex.Immediate)
 	}
 }
