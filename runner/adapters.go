@@ -104,6 +104,10 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 			log.Warn().Str("setting", setting).Str("dir", resolved).Str("model", model).
 				Msg("tokenizer has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja): chat and Responses requests for this model get 400; completions work. Add the model's chat template file, or use DYN_EPP_TOKENIZER_PROTOCOL=vllm-render")
 		}
+		if t.MaxModelLenDefaulted() {
+			log.Info().Str("setting", setting).Str("dir", resolved).Int("max_model_len", t.MaxModelLen()).
+				Msg("neither config.json nor tokenizer_config.json names the model's context length: /tokenize reports vLLM's default max_model_len; add the model's config.json for the real one")
+		}
 		return t, nil
 	}
 	if cfg.TokenizerDir != "" {
