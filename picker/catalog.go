@@ -86,8 +86,15 @@ type WorkerPatch struct {
 	KVEventSourceMode *string `json:"kv_event_source_mode,omitempty"`
 }
 
-// apply overwrites rec's fields with the supplied fields of p.
+// apply overwrites rec's fields with the supplied fields of p. A patch that changes the endpoint
+// or the rank range drops the record's per-rank endpoints (WorkerRecord.RankEndpoints): they
+// were the discovered ports of the old endpoint.
 func (p *WorkerPatch) apply(rec *WorkerRecord) {
+	if (p.Endpoint != nil && *p.Endpoint != rec.Endpoint) ||
+		(p.DataParallelStartRank != nil && !equalPtr(p.DataParallelStartRank, rec.DataParallelStartRank)) ||
+		(p.DataParallelSize != nil && !equalPtr(p.DataParallelSize, rec.DataParallelSize)) {
+		rec.RankEndpoints = nil
+	}
 	setStr := func(dst *string, v *string) {
 		if v != nil {
 			*dst = *v
@@ -310,6 +317,12 @@ func (s *Service) applyLocked(rec WorkerRecord, source Source) (WorkerState, err
 		s.setApproxCapacity(index, &rec)
 	}
 	e.state = WorkerState{WorkerRecord: rec, Source: source}
+	if len(rec.RankEndpoints) > 0 {
+		e.state.DPRankEndpoints = make(map[string]string, len(rec.RankEndpoints))
+		for i, ep := range rec.RankEndpoints {
+			e.state.DPRankEndpoints[strconv.FormatUint(uint64(e.start)+uint64(i), 10)] = ep
+		}
+	}
 	if nowActive {
 		e.state.Lifecycle = LifecycleSchedulable
 	} else {
@@ -349,6 +362,16 @@ func (s *Service) staticReasons(rec *WorkerRecord, e *workerEntry) (reasons []st
 		e.size = size
 	}
 	sizeOK := e.size > 0
+	if len(rec.RankEndpoints) > 0 {
+		if sizeOK && len(rec.RankEndpoints) != int(e.size) {
+			reasons = append(reasons, fmt.Sprintf("rank endpoints: %d given for data_parallel_size %d", len(rec.RankEndpoints), e.size))
+		}
+		for i, ep := range rec.RankEndpoints {
+			if err := ValidateEndpoint(ep); err != nil {
+				reasons = append(reasons, fmt.Sprintf("rank endpoint %d: %v", i, err))
+			}
+		}
+	}
 	reasons = append(reasons, badRankKeyReasons(rec.KVEventsEndpoints)...)
 	if s.cfg.queueing() && rec.MaxNumBatchedTokens == nil {
 		reasons = append(reasons, "max_num_batched_tokens is required while queueing is enabled")
@@ -699,6 +722,7 @@ func (s *Service) buildPolicy(key PartitionKey) (pol *policies.WorkerSelectionPo
 }
 
 func cloneRecord(r WorkerRecord) WorkerRecord {
+	r.RankEndpoints = slices.Clone(r.RankEndpoints)
 	r.KVEventsEndpoints = maps.Clone(r.KVEventsEndpoints)
 	r.Taints = slices.Clone(r.Taints)
 	r.TopologyDomains = maps.Clone(r.TopologyDomains)
@@ -715,7 +739,16 @@ func cloneRecord(r WorkerRecord) WorkerRecord {
 func cloneState(st WorkerState) WorkerState {
 	st.WorkerRecord = cloneRecord(st.WorkerRecord)
 	st.NotSchedulableReasons = slices.Clone(st.NotSchedulableReasons)
+	st.DPRankEndpoints = maps.Clone(st.DPRankEndpoints)
 	return st
+}
+
+// equalPtr reports whether two optional values are both absent or equal.
+func equalPtr[T comparable](a, b *T) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 func clonePtr[T any](p *T) *T {

@@ -460,7 +460,6 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		RequestBodyTimeout:  cfg.RequestBodyTimeout.Duration(),
 		Ready:               inst.Health.Ready,
 		Logger:              log.With().Str("component", "extproc").Logger(),
-		Addresses:           inst.rankAddresses(),
 		// The conformance hooks name the pool; without one they still work on the workers file.
 		ConformanceTestHooks: bool(cfg.ConformanceTestHooks),
 		PoolName:             inst.poolName(),
