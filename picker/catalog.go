@@ -144,8 +144,9 @@ func (p *WorkerPatch) apply(rec *WorkerRecord) {
 }
 
 // ReadyState is the body of GET /ready (selection-service.md §5): Ready is true iff the service is
-// not shutting down and at least one worker is schedulable catalog-wide; SchedulableWorkers counts
-// workers (not ranks); Workers is the whole catalog sorted by worker_id.
+// not shutting down and at least one worker is schedulable catalog-wide (and a candidate);
+// SchedulableWorkers counts those workers (not ranks); Workers is the whole catalog sorted by
+// worker_id.
 type ReadyState struct {
 	// Ready is the readiness verdict.
 	Ready bool `json:"ready"`
@@ -330,7 +331,7 @@ func (s *Service) applyLocked(rec WorkerRecord, source Source) (WorkerState, err
 		e.state.NotSchedulableReasons = reasons
 	}
 	s.commitLocked(p, e, index, bs, eagle)
-	return cloneState(e.state), nil
+	return s.outward(e.state), nil
 }
 
 // staticReasons computes the §4.1 reasons that depend only on the record and configuration, and
@@ -606,7 +607,7 @@ func (s *Service) DeleteWorker(ctx context.Context, workerID uint64) (WorkerStat
 	s.adjustSchedulable(e, &draining)
 	s.drainLocked(&draining, p)
 	s.SetCandidate(workerID, true) // a later worker of this id starts as a candidate
-	final := cloneState(draining.state)
+	final := s.outward(draining.state)
 	final.Lifecycle = LifecycleUnschedulable
 	return final, nil
 }
@@ -618,7 +619,7 @@ func (s *Service) Workers(model, group string) []WorkerState {
 	out := make([]WorkerState, 0, len(s.workers))
 	for _, e := range s.workers {
 		if (model == "" || e.key.ModelName == model) && (group == "" || e.key.RoutingGroup == group) {
-			out = append(out, cloneState(e.state))
+			out = append(out, s.outward(e.state))
 		}
 	}
 	s.mu.RUnlock()
@@ -642,15 +643,17 @@ func (s *Service) Worker(workerID uint64) (WorkerState, bool) {
 	if e == nil {
 		return WorkerState{}, false
 	}
-	return cloneState(e.state), true
+	return s.outward(e.state), true
 }
 
-// Ready reports readiness (selection-service.md §5).
+// Ready reports readiness (selection-service.md §5): a worker counts as schedulable when its
+// lifecycle is schedulable and it is a candidate (SetCandidate: a pod that is not Ready is
+// registered but cannot be picked, so it cannot make the service ready either).
 func (s *Service) Ready() ReadyState {
 	ws := s.Workers("", "")
 	n := 0
 	for _, w := range ws {
-		if w.Lifecycle == LifecycleSchedulable {
+		if w.Lifecycle == LifecycleSchedulable && w.Candidate {
 			n++
 		}
 	}
@@ -734,6 +737,14 @@ func cloneRecord(r WorkerRecord) WorkerRecord {
 	r.TotalKVBlocks = clonePtr(r.TotalKVBlocks)
 	r.KVTransferPreferredWeight = clonePtr(r.KVTransferPreferredWeight)
 	return r
+}
+
+// outward is a copy of a catalog state as the service hands it out, with the worker's current
+// candidacy (the withheld set is kept apart from the entries).
+func (s *Service) outward(st WorkerState) WorkerState {
+	st = cloneState(st)
+	st.Candidate = s.IsCandidate(st.WorkerID)
+	return st
 }
 
 func cloneState(st WorkerState) WorkerState {

@@ -168,6 +168,11 @@ type WorkerState struct {
 	Lifecycle string `json:"lifecycle"`
 	// NotSchedulableReasons are the §4.1 reasons (omitted when empty).
 	NotSchedulableReasons []string `json:"not_schedulable_reasons,omitempty"`
+	// Candidate is false while the worker is registered but withheld from picks (SetCandidate:
+	// a discovered pod whose Ready condition is not True, epp.md §10.2); only candidates count
+	// as schedulable in /ready. Always true without discovery. A kvepp addition to the §4.5
+	// record.
+	Candidate bool `json:"candidate"`
 	// DPRankEndpoints maps each global rank (decimal) to its endpoint when the record's ranks
 	// are served on their own ports (WorkerRecord.RankEndpoints; omitted otherwise). A kvepp
 	// addition to the §4.5 record.

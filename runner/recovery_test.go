@@ -7,12 +7,16 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvepp/kvepp/internal/binarytest"
 	"github.com/kvepp/kvepp/internal/syncbuf"
 )
 
@@ -251,5 +255,70 @@ func TestStartupRecoverySkipsABadPartitionAndKeepsTheRest(t *testing.T) {
 		if len(line) > 2000 {
 			t.Fatalf("log line of %d bytes (unbounded value):\n%s", len(line), line)
 		}
+	}
+}
+
+// TestSidePortReadyAgreesWithReadinessDuringRecovery (finding 8): while startup recovers the
+// index from a peer, gRPC readiness is NOT_SERVING, and so is the side port's /ready (503, ready
+// false) although the workers file is applied; once startup is done both are ready.
+func TestSidePortReadyAgreesWithReadinessDuringRecovery(t *testing.T) {
+	asked, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { close(asked) })
+		<-release
+		fmt.Fprint(w, `{}`)
+	}))
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	defer peer.Close()
+	defer unblock() // before Close, which waits for the handler
+	ports := binarytest.FreePorts(t, 1)
+	path := filepath.Join(t.TempDir(), "workers.yaml")
+	if err := os.WriteFile(path, []byte("- {worker_id: 1, model_name: m, endpoint: 'http://127.0.0.1:18501', block_size: 16}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := LoadConfig(approxEnv("DYN_EPP_INDEXER_PEERS="+peer.URL, "DYN_EPP_RECOVERY_TIMEOUT_SECS=30",
+		"DYN_EPP_WORKERS_FILE="+path, fmt.Sprintf("DYN_EPP_SELECTION_HTTP_PORT=%d", ports[0])), nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan *Instance, 1)
+	go func() {
+		inst, err := Start(context.Background(), Options{Config: cfg, Logger: testLogger(t)})
+		if err != nil {
+			t.Error(err)
+		}
+		started <- inst
+	}()
+	var inst *Instance
+	t.Cleanup(func() { // also when an assertion below fails while Start still waits on the peer
+		unblock()
+		if inst == nil {
+			inst = <-started
+		}
+		if inst != nil {
+			_ = inst.Stop(context.Background())
+		}
+	})
+	select {
+	case <-asked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("recovery never asked the peer")
+	}
+	url := fmt.Sprintf("http://127.0.0.1:%d/ready", ports[0])
+	var r struct {
+		Ready              bool `json:"ready"`
+		SchedulableWorkers int  `json:"schedulable_workers"`
+	}
+	if code := httpJSON(t, http.MethodGet, url, nil, &r); code != http.StatusServiceUnavailable || r.Ready {
+		t.Fatalf("GET /ready during recovery = %d %+v, want 503 ready false", code, r)
+	}
+	unblock()
+	if inst = <-started; inst == nil {
+		t.FailNow()
+	}
+	if code := httpJSON(t, http.MethodGet, url, nil, &r); code != http.StatusOK || !r.Ready || r.SchedulableWorkers != 1 {
+		t.Fatalf("GET /ready after startup = %d %+v", code, r)
 	}
 }

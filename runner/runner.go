@@ -370,7 +370,10 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		// During the SIGTERM drain the side port answers as shut down (selection-service.md
 		// §2) while ext_proc keeps routing through the core (epp.md §9).
 		Draining: inst.Health.Draining,
-		Replica:  inst.replica.peers(),
+		// /ready agrees with gRPC readiness: NOT_SERVING until startup (index recovery,
+		// tokenizers, an InferencePool's first sync) is done, and while the pool is gone.
+		Ready:   inst.Health.Ready,
+		Replica: inst.replica.peers(),
 	}), cfg, inst.Service)
 	inst.httpSrv = &http.Server{
 		Handler:           tokAPI,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -183,4 +184,51 @@ func TestInferencePoolSidePortAgreesWithExtProc(t *testing.T) {
 			t.Fatalf("POST /reservations dp_rank 1 after the PATCH: %q", got)
 		}
 	})
+}
+
+// TestInferencePoolSidePortShowsPodReadiness (finding 8): a pod that is not Ready is registered
+// but not a candidate; the side port says so (candidate false in /workers), counts only
+// candidates in schedulable_workers and kvepp_ready_workers, and /ready answers 503 like the
+// routing path, until the pod is Ready again.
+func TestInferencePoolSidePortShowsPodReadiness(t *testing.T) {
+	k := startKubeSidePort(t)
+	type ready struct {
+		Ready              bool `json:"ready"`
+		SchedulableWorkers int  `json:"schedulable_workers"`
+		Workers            []struct {
+			Lifecycle string `json:"lifecycle"`
+			Candidate *bool  `json:"candidate"`
+		} `json:"workers"`
+	}
+	check := func(t *testing.T, candidate bool) {
+		t.Helper()
+		var r ready
+		code := httpJSON(t, http.MethodGet, k.url("/ready"), nil, &r)
+		n, wantCode := 0, http.StatusServiceUnavailable
+		if candidate {
+			n, wantCode = 1, http.StatusOK
+		}
+		if code != wantCode || r.Ready != candidate || r.SchedulableWorkers != n || len(r.Workers) != 1 ||
+			r.Workers[0].Lifecycle != "schedulable" || r.Workers[0].Candidate == nil || *r.Workers[0].Candidate != candidate {
+			t.Fatalf("GET /ready = %d %+v, want %d with %d schedulable workers and candidate %t", code, r, wantCode, n, candidate)
+		}
+		var workers []map[string]any
+		if httpJSON(t, http.MethodGet, k.url("/workers"), nil, &workers); len(workers) != 1 || workers[0]["candidate"] != candidate {
+			t.Fatalf("GET /workers = %v, want candidate %t", workers, candidate)
+		}
+		if m := scrape(t, k.inst.Addrs().Metrics); !strings.Contains(m, fmt.Sprintf("kvepp_ready_workers %d\n", n)) {
+			t.Fatalf("metrics lack kvepp_ready_workers %d", n)
+		}
+	}
+	check(t, true)
+	k.setPodReady(t, false)
+	k.waitFor(t, "the pod withheld", func() bool { return !k.inst.Service.IsCandidate(k.id) })
+	check(t, false)
+	ex, err := k.client.Do(k.ctx, extproctest.Request{Body: []byte(`{"model":"` + e2eModel + `","messages":[{"role":"user","content":"x"}]}`)})
+	if err != nil || ex.Immediate == nil || ex.Immediate.Status != http.StatusServiceUnavailable {
+		t.Fatalf("ext_proc with no Ready pod: %v %+v, want 503", err, ex.Immediate)
+	}
+	k.setPodReady(t, true)
+	k.waitFor(t, "the pod a candidate again", func() bool { return k.inst.Service.IsCandidate(k.id) })
+	check(t, true)
 }

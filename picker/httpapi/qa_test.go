@@ -295,3 +295,34 @@ func TestLargestBookingsAddUpExactly(t *testing.T) {
 		t.Fatalf("after freeing everything: potential_prefill_tokens %d, active_requests %d; want 0", p, n)
 	}
 }
+
+// TestReadyFollowsTheProcessAndCandidacy: GET /ready is 503 while Options.Ready says the process
+// is not ready (an EPP still recovering its index), and counts only candidates: a worker withheld
+// from picks (a pod that is not Ready) shows "candidate": false and makes nothing ready.
+func TestReadyFollowsTheProcessAndCandidacy(t *testing.T) {
+	core, err := picker.New(pickertest.Config(11, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready atomic.Bool
+	srv := httptest.NewServer(httpapi.New(core, httpapi.Options{Ready: ready.Load}))
+	t.Cleanup(srv.Close)
+	register(t, srv, 1, "")
+	if st, v := call(t, srv, "GET", "/ready", ""); st != 503 || obj(t, v)["ready"] != false || obj(t, v)["schedulable_workers"] != 1.0 {
+		t.Fatalf("/ready before the process is ready = %d %v", st, v)
+	}
+	ready.Store(true)
+	if st, v := call(t, srv, "GET", "/ready", ""); st != 200 || obj(t, v)["ready"] != true {
+		t.Fatalf("/ready = %d %v", st, v)
+	}
+	core.SetCandidate(1, false)
+	st, v := call(t, srv, "GET", "/ready", "")
+	workers := obj(t, v)["workers"].([]any)
+	if st != 503 || obj(t, v)["schedulable_workers"] != 0.0 || workers[0].(map[string]any)["candidate"] != false ||
+		workers[0].(map[string]any)["lifecycle"] != "schedulable" {
+		t.Fatalf("/ready with the only worker withheld = %d %v", st, v)
+	}
+	if _, v := call(t, srv, "GET", "/workers", ""); v.([]any)[0].(map[string]any)["candidate"] != false {
+		t.Fatalf("/workers = %v", v)
+	}
+}
