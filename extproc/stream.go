@@ -76,9 +76,10 @@ func (h *requestHeaders) declaredLength() int64 {
 }
 
 // upgrading reports a request that asks for a protocol upgrade (connection: upgrade, or an
-// upgrade header): Envoy then streams its body without ever ending it (envoyproxy/envoy#47081).
+// upgrade header) or a tunnel (CONNECT): Envoy then streams its body without ever ending it
+// (envoyproxy/envoy#47081).
 func (h *requestHeaders) upgrading() bool {
-	if strings.TrimSpace(h.upgrade) != "" {
+	if strings.TrimSpace(h.upgrade) != "" || strings.EqualFold(h.method, "CONNECT") {
 		return true
 	}
 	for _, tok := range strings.Split(h.connection, ",") {
@@ -347,6 +348,20 @@ func (st *stream) onRequestHeaders(h *extprocv3.HttpHeaders) error {
 		// Header-only request (epp.md §4.3) or body mode NONE: load-only pick, immediate reply.
 		st.endBody()
 		return st.routeAndReply(true)
+	}
+	if n := st.hdr.declaredLength(); n > st.s.cfg.MaxRequestBodyBytes {
+		// The body cannot fit: answer now rather than after buffering up to the limit.
+		st.endBody()
+		return st.reject(picker.Errorf(KindRequestTooLarge,
+			"request body exceeds %d bytes: its content-length is %d", st.s.cfg.MaxRequestBodyBytes, n))
+	}
+	if st.hdr.declaredLength() == 0 && st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		// An empty body is complete at the headers: decided now as if it had arrived (a 400 on
+		// an inference path, a load-only pick elsewhere); its end of stream, if it ever comes,
+		// is passed through (eosByLength).
+		st.endBody()
+		st.eosByLength = true
+		return st.routeAndReply(classify(st.hdr.method, st.hdr.path) == kindOther)
 	}
 	if d := st.s.cfg.RequestBodyTimeout; d > 0 {
 		st.bodyTimer = time.AfterFunc(d, st.bodyTimedOut)
@@ -643,6 +658,12 @@ func (st *stream) readableBody() (body []byte, readable bool, err error) {
 	default:
 		plain, err := decodeBody(coding, st.body, st.s.cfg.MaxRequestBodyBytes)
 		if errors.Is(err, errUndecodable) {
+			if classify(st.hdr.method, st.hdr.path) != kindOther {
+				// The model server cannot read it either: the client's mistake, said now.
+				return nil, false, &picker.Error{Kind: picker.KindBadRequest,
+					Message: fmt.Sprintf("the request body does not decode as its content-encoding %s: %s", coding,
+						strings.TrimPrefix(err.Error(), errUndecodable.Error()+": ")), Err: err}
+			}
 			st.s.log.Debug().Err(err).Str("request_id", st.requestID()).Msg("request body does not decode; load-only pick")
 			return nil, false, nil
 		}
@@ -755,8 +776,10 @@ func (st *stream) session() (*picker.SessionContext, error) {
 		return nil, nil
 	}
 	parent := strings.TrimSpace(st.hdr.parentSessionID)
-	if len(id) > MaxSessionIDBytes || len(parent) > MaxSessionIDBytes {
-		return nil, picker.Errorf(picker.KindBadRequest, "session id is longer than %d bytes", MaxSessionIDBytes)
+	for _, h := range [...]struct{ name, v string }{{"x-dynamo-session-id", id}, {"x-dynamo-parent-session-id", parent}} {
+		if len(h.v) > MaxSessionIDBytes {
+			return nil, picker.Errorf(picker.KindBadRequest, "%s is %d bytes long; the limit is %d bytes", h.name, len(h.v), MaxSessionIDBytes)
+		}
 	}
 	return &picker.SessionContext{SessionID: id, ParentSessionID: parent}, nil
 }
