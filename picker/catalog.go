@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,9 +44,15 @@ type workerEntry struct {
 }
 
 // WorkerPatch is the body of PATCH /workers/{worker_id} (selection-service.md §4.3): every
-// WorkerRecord field except worker_id, model_name and routing_group, all optional. Only non-nil
-// fields overwrite; maps and slices replace wholesale (a non-nil empty value clears them).
+// WorkerRecord field except worker_id, all optional. Only non-nil fields overwrite; maps and
+// slices replace wholesale (a non-nil empty value clears them). A patch cannot move a worker
+// between partitions: ModelName and RoutingGroup may only repeat the worker's own ("" meaning
+// "default"), as a client sending the whole record does.
 type WorkerPatch struct {
+	// ModelName, when non-nil, must equal the worker's model_name (else 400).
+	ModelName *string `json:"model_name,omitempty"`
+	// RoutingGroup, when non-nil, must equal the worker's routing_group (else 400).
+	RoutingGroup *string `json:"routing_group,omitempty"`
 	// Endpoint is the URL callers contact, e.g. http://worker:8000. Nil leaves it unchanged.
 	Endpoint *string `json:"endpoint,omitempty"`
 	// BlockSize is the KV block size in tokens (> 0, equal across the partition). Nil leaves it unchanged.
@@ -200,7 +207,9 @@ func (s *Service) UpsertWorker(ctx context.Context, rec WorkerRecord, source Sou
 
 // PatchWorker overwrites the supplied fields of an existing worker and re-evaluates it exactly as
 // UpsertWorker does (selection-service.md §4.3); a patch cannot move partitions and keeps the
-// record's source. Errors: KindNotFound "worker {id} not found"; KindNotReady while shutting down.
+// record's source. Errors: KindNotFound "worker {id} not found"; KindNotReady while shutting down;
+// KindBadRequest "PATCH cannot change model_name: …" (or routing_group) for a partition field that
+// differs from the worker's.
 func (s *Service) PatchWorker(ctx context.Context, workerID uint64, patch WorkerPatch) (WorkerState, error) {
 	if s.shuttingDown.Load() {
 		return WorkerState{}, errShuttingDown()
@@ -213,6 +222,17 @@ func (s *Service) PatchWorker(ctx context.Context, workerID uint64, patch Worker
 	old := s.workers[workerID]
 	if old == nil {
 		return WorkerState{}, Errorf(KindNotFound, "worker %d not found", workerID)
+	}
+	for _, f := range [...]struct {
+		name  string
+		given *string
+		have  string
+	}{{"model_name", patch.ModelName, old.key.ModelName}, {"routing_group", patch.RoutingGroup, old.key.RoutingGroup}} {
+		if f.given != nil && cmp.Or(*f.given, DefaultPartitionName) != f.have {
+			return WorkerState{}, Errorf(KindBadRequest,
+				"PATCH cannot change %s (%q → %q): a PATCH cannot move a worker between partitions (selection-service.md §4.3); register the whole record with POST /workers instead",
+				f.name, excerpt.Of(f.have), excerpt.Of(*f.given))
+		}
 	}
 	rec := cloneRecord(old.state.WorkerRecord)
 	patch.apply(&rec)

@@ -601,9 +601,8 @@ func (h *Handler) patchWorker(w http.ResponseWriter, r *http.Request, idStr stri
 	if !h.decodeBody(w, r, &p, false) {
 		return
 	}
-	if field := p.partitionField(); field != "" {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf(
-			"PATCH cannot change %s: a PATCH cannot move a worker between partitions (selection-service.md §4.3); register the whole record with POST /workers instead", field))
+	if p.WorkerID != nil && *p.WorkerID != id {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("worker_id %d in the body does not match worker_id %d in the path", *p.WorkerID, id))
 		return
 	}
 	st, err := h.core.PatchWorker(r.Context(), id, p.WorkerPatch)

@@ -326,3 +326,34 @@ func TestReadyFollowsTheProcessAndCandidacy(t *testing.T) {
 		t.Fatalf("/workers = %v", v)
 	}
 }
+
+// TestPatchWorkerIdentityFields: PATCH /workers/{id} may repeat the worker's own model_name,
+// routing_group and worker_id (a no-op, as a client that sends the whole record does); a
+// different value is a 400 naming the field, never silently ignored.
+func TestPatchWorkerIdentityFields(t *testing.T) {
+	srv, _ := server(t)
+	register(t, srv, 1, "")
+	for _, tc := range []struct {
+		name, body string
+		status     int
+		msg        string
+	}{
+		{"its own model_name and routing_group are accepted", `{"model_name":"model","routing_group":"default","total_kv_blocks":7}`, 200, ""},
+		{"an empty routing_group means default", `{"routing_group":"","total_kv_blocks":8}`, 200, ""},
+		{"its own worker_id is accepted", `{"worker_id":1,"total_kv_blocks":9}`, 200, ""},
+		{"another model_name is a 400", `{"model_name":"other"}`, 400, "PATCH cannot change model_name"},
+		{"another routing_group is a 400", `{"routing_group":"g2"}`, 400, "PATCH cannot change routing_group"},
+		{"another worker_id is a 400", `{"worker_id":99}`, 400, "worker_id 99 in the body does not match worker_id 1 in the path"},
+		{"a model_name that is not a string is a 422", `{"model_name":5}`, 422, "model_name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, v := call(t, srv, "PATCH", "/workers/1", tc.body)
+			if st != tc.status || (tc.msg != "" && !strings.Contains(obj(t, v)["error"].(string), tc.msg)) {
+				t.Fatalf("PATCH %s = %d %v, want %d %q", tc.body, st, v, tc.status, tc.msg)
+			}
+		})
+	}
+	if _, v := call(t, srv, "GET", "/workers", ""); v.([]any)[0].(map[string]any)["total_kv_blocks"] != 9.0 {
+		t.Fatalf("the accepted PATCHes were not applied: %v", v)
+	}
+}
