@@ -1,15 +1,18 @@
 package extproc_test
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/rs/zerolog"
 
 	"github.com/kvepp/kvepp/extproc"
 	"github.com/kvepp/kvepp/extproc/extproctest"
+	"github.com/kvepp/kvepp/internal/syncbuf"
 )
 
 // Tests of the second fresh-user audit (audit 1, finding 14) on the ext_proc side.
@@ -126,4 +129,33 @@ func TestCorruptCompressedBodiesOfInferenceRequestsAre400(t *testing.T) {
 			t.Fatalf("immediate %+v, load-only picks %v", ex.Immediate, loads)
 		}
 	})
+}
+
+// TestLogLinesQuoteClientValuesBounded (finding 16): a 5 KB served-endpoint value and a 5 KB path
+// reach the logs as bounded excerpts.
+func TestLogLinesQuoteClientValuesBounded(t *testing.T) {
+	var logs syncbuf.Buffer
+	h := newCoreHarness(t, func(c *extproc.Config) { c.Logger = zerolog.New(&logs).Level(zerolog.DebugLevel) })
+	ctx := context.Background()
+	ps, _ := h.openRouted(t, ctx)
+	rh := extproctest.ResponseHeaders(false, extproctest.Header{Key: ":status", Value: "200"})
+	rh.MetadataContext = servedMetadata("10.9.9.9:8000" + strings.Repeat("x", 5000))
+	sendAll(t, ps, rh)
+	recvN(t, ps, 1)
+	sendAll(t, ps, extproctest.ResponseBody(nil, true))
+	recvN(t, ps, 1)
+	_ = ps.CloseSend()
+	h.waitIdle(t)
+	long := "/v1/" + strings.Repeat("p", 5000) + "/chat/completions"
+	if _, err := h.client.Do(ctx, extproctest.Request{Path: long, Body: []byte(`{"model":"m"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "served endpoint") || !strings.Contains(logs.String(), "request rejected") {
+		t.Fatalf("the lines under test were not logged:\n%.2000s", logs.String())
+	}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if len(line) > 1500 {
+			t.Fatalf("log line of %d bytes: %.300s…", len(line), line)
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/google/uuid"
 
+	"github.com/kvepp/kvepp/internal/excerpt"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -76,7 +77,7 @@ func (st *stream) moveBooking(served string) bool {
 		TrackPrefillTokens: &track,
 	})
 	if err != nil {
-		st.s.log.Warn().Err(err).Str("request_id", st.requestID()).Uint64("worker_id", wid).Uint32("dp_rank", rank).
+		st.s.log.Warn().Err(err).Str("request_id", excerpt.Of(st.requestID())).Uint64("worker_id", wid).Uint32("dp_rank", rank).
 			Msg("could not move the booking to the served endpoint; it stays on the primary")
 		return false
 	}

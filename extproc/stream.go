@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kvepp/kvepp/internal/excerpt"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -297,10 +298,10 @@ func (st *stream) noteResponseMetadata(req *extprocv3.ProcessingRequest) {
 		if normalizeEndpoint(first) != normalizeEndpoint(st.primary) {
 			st.s.metrics.servedEndpointMismatch.Add(1)
 			if st.moveBooking(first) {
-				st.s.log.Debug().Str("request_id", st.requestID()).Str("primary", st.primary).Str("served", served).
+				st.s.log.Debug().Str("request_id", excerpt.Of(st.requestID())).Str("primary", st.primary).Str("served", excerpt.Of(served)).
 					Msg("served endpoint differs from the primary; booking moved to the served endpoint")
 			} else if st.bk.state.Load() != bookingNone {
-				st.s.log.Warn().Str("request_id", st.requestID()).Str("primary", st.primary).Str("served", served).
+				st.s.log.Warn().Str("request_id", excerpt.Of(st.requestID())).Str("primary", st.primary).Str("served", excerpt.Of(served)).
 					Msg("served endpoint differs from the primary and is not a known worker rank; booking kept on the primary")
 			}
 		}
@@ -384,7 +385,7 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) error {
 		return st.echoRequestBody(b)
 	case st.eos:
 		st.s.metrics.duplicateEOS.Add(1)
-		st.s.log.Debug().Str("request_id", st.requestID()).Int("bytes", len(b.GetBody())).
+		st.s.log.Debug().Str("request_id", excerpt.Of(st.requestID())).Int("bytes", len(b.GetBody())).
 			Msg("request_body after end of stream ignored")
 		return nil
 	case st.phase == phaseStart:
@@ -664,7 +665,7 @@ func (st *stream) readableBody() (body []byte, readable bool, err error) {
 					Message: fmt.Sprintf("the request body does not decode as its content-encoding %s: %s", coding,
 						strings.TrimPrefix(err.Error(), errUndecodable.Error()+": ")), Err: err}
 			}
-			st.s.log.Debug().Err(err).Str("request_id", st.requestID()).Msg("request body does not decode; load-only pick")
+			st.s.log.Debug().Err(err).Str("request_id", excerpt.Of(st.requestID())).Msg("request body does not decode; load-only pick")
 			return nil, false, nil
 		}
 		return plain, err == nil, err
@@ -930,7 +931,7 @@ func (st *stream) reject(err error) error {
 	st.phase = phaseRejected
 	st.s.metrics.countImmediate(code)
 	st.s.metrics.gie.rejected(st.model, code)
-	st.s.log.Debug().Str("request_id", st.requestID()).Int("status", code).Str("path", st.hdr.path).
+	st.s.log.Debug().Str("request_id", excerpt.Of(st.requestID())).Int("status", code).Str("path", excerpt.Of(st.hdr.path)).
 		Str("reason", err.Error()).Msg("request rejected")
 	return st.send(resp)
 }

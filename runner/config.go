@@ -16,6 +16,7 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"github.com/rs/zerolog"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/kvepp/kvepp/extproc/tokenizer"
 	"github.com/kvepp/kvepp/picker"
@@ -275,7 +276,9 @@ func ParseBool(s string) (bool, error) {
 	return false, errors.New("must be one of true, false, 1, 0, yes, no")
 }
 
-// Seconds is a duration setting written in (possibly fractional) seconds.
+// Seconds is a duration setting written in (possibly fractional) seconds. Parsing accepts any
+// finite number; each setting's range (> 0, or >= 0) is checked by Validate, so -1 and 0 of a
+// setting that must be positive get the same message.
 type Seconds time.Duration
 
 // UnmarshalText implements encoding.TextUnmarshaler.
@@ -284,10 +287,7 @@ func (s *Seconds) UnmarshalText(text []byte) error {
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
 		return errors.New("must be a finite number of seconds")
 	}
-	if f < 0 {
-		return errors.New("must be >= 0")
-	}
-	if f > float64(math.MaxInt64)/float64(time.Second) {
+	if math.Abs(f) > float64(math.MaxInt64)/float64(time.Second) {
 		return errors.New("is too large")
 	}
 	*s = Seconds(time.Duration(f * float64(time.Second)))
@@ -749,6 +749,9 @@ func (c *Config) Validate() error {
 	if c.RequestBodyTimeout <= 0 {
 		return c.invalid("DYN_EPP_REQUEST_BODY_TIMEOUT_SECS", c.RequestBodyTimeout.Duration().Seconds(), "must be > 0")
 	}
+	if c.DrainTimeout < 0 {
+		return c.invalid("DYN_EPP_DRAIN_TIMEOUT_SECS", c.DrainTimeout.Duration().Seconds(), "must be >= 0")
+	}
 	if c.CertPath != "" && !bool(c.SecureServing) {
 		return c.invalid("DYN_EPP_CERT_PATH", c.CertPath, "requires DYN_EPP_SECURE_SERVING=true")
 	}
@@ -770,9 +773,9 @@ func (c *Config) Validate() error {
 }
 
 // validatePoolDiscovery checks the InferencePool discovery settings (epp.md §2): with
-// DYN_EPP_INFERENCE_POOL_NAME, POD_NAMESPACE and DYN_MODEL_NAME are required and
-// DYN_EPP_WORKERS_FILE must be unset; the KV event ports are ports (the replay port may be 0 =
-// off).
+// DYN_EPP_INFERENCE_POOL_NAME (a DNS-1123 subdomain, as every Kubernetes object name),
+// POD_NAMESPACE (a DNS-1123 label) and DYN_MODEL_NAME are required and DYN_EPP_WORKERS_FILE must
+// be unset; the KV event ports are ports (the replay port may be 0 = off).
 func (c *Config) validatePoolDiscovery() error {
 	if c.KVEventPort < 1 || c.KVEventPort > 65535 {
 		return c.invalid("DYN_EPP_KV_EVENT_PORT", c.KVEventPort, "must be a port in 1..65535")
@@ -782,6 +785,14 @@ func (c *Config) validatePoolDiscovery() error {
 	}
 	if c.InferencePoolName == "" {
 		return nil
+	}
+	if errs := validation.IsDNS1123Subdomain(c.InferencePoolName); len(errs) > 0 {
+		return c.invalid("DYN_EPP_INFERENCE_POOL_NAME", c.InferencePoolName, "must be a Kubernetes object name (DNS-1123 subdomain: %s)", strings.Join(errs, "; "))
+	}
+	if c.PodNamespace != "" {
+		if errs := validation.IsDNS1123Label(c.PodNamespace); len(errs) > 0 {
+			return c.invalid("POD_NAMESPACE", c.PodNamespace, "must be a Kubernetes namespace name (DNS-1123 label: %s)", strings.Join(errs, "; "))
+		}
 	}
 	switch {
 	case c.WorkersFile != "":
@@ -801,7 +812,7 @@ func (c *Config) validateRouter() error {
 			return c.invalid("DYN_EPP_INDEXER_PEERS", strings.Join(c.IndexerPeers, ","), "peer %q must be an http(s) base URL", peer)
 		}
 	}
-	if len(c.IndexerPeers) > 0 && c.RecoveryTimeout <= 0 {
+	if (len(c.IndexerPeers) > 0 && c.RecoveryTimeout == 0) || c.RecoveryTimeout < 0 {
 		return c.invalid("DYN_EPP_RECOVERY_TIMEOUT_SECS", c.RecoveryTimeout.Duration().Seconds(), "must be > 0")
 	}
 	if c.RecoveryMaxBytes <= 0 {
