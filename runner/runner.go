@@ -376,7 +376,9 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		Replica: inst.replica.peers(),
 	}), cfg, inst.Service)
 	inst.httpSrv = &http.Server{
-		Handler:           tokAPI,
+		// Oversized headers get the API's JSON 431 (httpapi.LimitHeaders), not net/http's text.
+		Handler:           httpapi.LimitHeaders(tokAPI),
+		MaxHeaderBytes:    httpapi.HeaderReadLimit,
 		ReadHeaderTimeout: timeouts.ReadHeader,
 		ReadTimeout:       timeouts.Read,
 		IdleTimeout:       timeouts.Idle,

@@ -395,7 +395,8 @@ func Run(ctx context.Context, cfg Config, opts Options) (err error) {
 		<-runDone
 	}()
 	srv := &http.Server{
-		Handler:           httpapi.New(svc, httpapi.Options{Logger: log, Replica: opts.Replica}),
+		Handler:           httpapi.LimitHeaders(httpapi.New(svc, httpapi.Options{Logger: log, Replica: opts.Replica})),
+		MaxHeaderBytes:    httpapi.HeaderReadLimit,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,  // a whole request, body included: a stalled upload is dropped
 		IdleTimeout:       120 * time.Second, // keep-alive connections waiting for their next request
