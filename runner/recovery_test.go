@@ -173,6 +173,20 @@ func dumpPeer(t *testing.T, n int) *httptest.Server {
 	return srv
 }
 
+// startLogged starts the runner with cfg, its log (zerolog JSON at every level) captured in the
+// returned buffer, and stops it when the test ends.
+func startLogged(t *testing.T, cfg Config) (*Instance, *syncbuf.Buffer) {
+	t.Helper()
+	logs := &syncbuf.Buffer{}
+	l := zerolog.New(logs)
+	inst, err := Start(context.Background(), Options{Config: cfg, Logger: &l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = inst.Stop(context.Background()) })
+	return inst, logs
+}
+
 // approxEnv is the environment of an EPP in approximate mode without a tokenizer on loopback
 // ephemeral ports, plus extra.
 func approxEnv(extra ...string) []string {
@@ -203,13 +217,7 @@ func TestStartupRecoveryRefusesADumpOverTheEventBound(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var logs syncbuf.Buffer
-			l := zerolog.New(&logs)
-			inst, err := Start(context.Background(), Options{Config: cfg, Logger: &l})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = inst.Stop(context.Background()) })
+			inst, logs := startLogged(t, cfg)
 			dump := inst.Service.Dump()
 			if got := len(dump["m:default"].Events); got != tc.events {
 				t.Fatalf("recovered %d events, want %d; logs:\n%s", got, tc.events, logs.String())
@@ -237,13 +245,7 @@ func TestStartupRecoverySkipsABadPartitionAndKeepsTheRest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncbuf.Buffer
-	l := zerolog.New(&logs)
-	inst, err := Start(context.Background(), Options{Config: cfg, Logger: &l})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = inst.Stop(context.Background()) })
+	inst, logs := startLogged(t, cfg)
 	dump := inst.Service.Dump()
 	if len(dump["good/model:default"].Events) != 1 || len(dump) != 1 {
 		t.Fatalf("recovered %v, want only good/model:default; logs:\n%s", dump, logs.String())

@@ -12,10 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/kvepp/kvepp/extproc/extproctest"
-	"github.com/kvepp/kvepp/internal/syncbuf"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -241,13 +238,7 @@ func TestRenderFailuresAreLoggedWithTheURLTheClientDoesNotSee(t *testing.T) {
 			}
 			cfg := loopbackConfig(t)
 			cfg.TokenizerDir, cfg.TokenizerServiceURL, cfg.UseKVEvents = "", tc.url, false
-			var logs syncbuf.Buffer
-			l := zerolog.New(&logs)
-			inst, err := Start(context.Background(), Options{Config: cfg, Logger: &l})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = inst.Stop(context.Background()) })
+			inst, logs := startLogged(t, cfg)
 			addWorkers(t, inst, 1, 18250)
 			ex, err := extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC)).Do(context.Background(),
 				extproctest.Request{Body: chat, Headers: []extproctest.Header{{Key: "x-request-id", Value: "rid-9"}}})

@@ -70,6 +70,12 @@ func startKubeSidePort(t *testing.T) *kubeSidePort {
 	k.setPodReady(t, true)
 	status := healthChecker(ctx, t, k.inst.Addrs().Health)
 	k.waitFor(t, "readiness SERVING", func() bool { return status("readiness") == healthpb.HealthCheckResponse_SERVING })
+	// Readiness means the pool was read; the pod's own Ready condition may arrive in a later
+	// snapshot: wait until it is a schedulable candidate.
+	k.waitFor(t, "the pod a schedulable candidate", func() bool {
+		st, ok := k.inst.Service.Worker(k.id)
+		return ok && st.Lifecycle == "schedulable" && st.Candidate
+	})
 	k.client = extproctest.NewClient(dialPlain(t, k.inst.Addrs().GRPC))
 	return k
 }

@@ -14,12 +14,10 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/rs/zerolog"
 
 	"github.com/kvepp/kvepp/extproc"
 	"github.com/kvepp/kvepp/extproc/extproctest"
 	"github.com/kvepp/kvepp/internal/sharedtest"
-	"github.com/kvepp/kvepp/internal/syncbuf"
 )
 
 func qwenLocal(t *testing.T) localTokenizer {
@@ -259,13 +257,7 @@ func TestAModelWithoutAChatTemplate(t *testing.T) {
 	}
 	cfg := loopbackConfig(t)
 	cfg.TokenizerDir, cfg.UseKVEvents, cfg.ModelName = dir, false, e2eModel
-	var logs syncbuf.Buffer
-	l := zerolog.New(&logs)
-	inst, err := Start(context.Background(), Options{Config: cfg, Logger: &l})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = inst.Stop(context.Background()) })
+	inst, logs := startLogged(t, cfg)
 	if !strings.Contains(logs.String(), `"level":"warn"`) || !strings.Contains(logs.String(), "no chat template") || !strings.Contains(logs.String(), dir) {
 		t.Fatalf("no startup warning about the missing chat template:\n%s", logs.String())
 	}
