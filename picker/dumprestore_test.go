@@ -196,3 +196,29 @@ func TestRestoreDumpReproducesTheDump(t *testing.T) {
 		t.Fatalf("restored dump differs:\n got %s\nwant %s", got, want)
 	}
 }
+
+// BenchmarkDecodeDump decodes a 100,000-event /dump (one partition, chained single-block events
+// as Dump emits them); bytes/op is the JSON text, B/op what decoding and staging allocate.
+func BenchmarkDecodeDump(b *testing.B) {
+	var buf bytes.Buffer
+	buf.WriteString(`{"m:default":{"block_size":16,"events":[`)
+	for i := 1; i <= 100000; i++ {
+		if i > 1 {
+			buf.WriteByte(',')
+		}
+		parent := "null"
+		if i > 1 {
+			parent = fmt.Sprint(i - 1)
+		}
+		fmt.Fprintf(&buf, `{"worker_id":1,"storage_tier":"device","event":{"event_id":%d,"data":{"stored":{"parent_hash":%s,"blocks":[{"block_hash":%d,"tokens_hash":%d}]}},"dp_rank":0}}`, i, parent, i, i)
+	}
+	buf.WriteString(`]}}`)
+	b.SetBytes(int64(buf.Len()))
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		d, err := picker.DecodeDump(bytes.NewReader(buf.Bytes()), picker.DumpLimits{})
+		if err != nil || d.Events != 100000 {
+			b.Fatal(err)
+		}
+	}
+}
