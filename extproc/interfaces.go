@@ -37,17 +37,6 @@ type Picker interface {
 	Reserve(ctx context.Context, req picker.ReservationRequest) (picker.Reservation, error)
 }
 
-// RankAddresses resolves worker ranks whose destination is not the worker's endpoint: a pod of an
-// InferencePool serves dp_rank r on spec.targetPorts[r] (epp.md §5.6 step 6, §10.3).
-// *discovery.PoolSource implements it.
-type RankAddresses interface {
-	// RankAddress returns the "ip:port" of (workerID, dpRank), ok false when the source does not
-	// know the worker (its endpoint is then used).
-	RankAddress(workerID uint64, dpRank uint32) (hostPort string, ok bool)
-	// WorkerAt returns the rank served at hostPort ("ip:port"), ok false when none is known.
-	WorkerAt(hostPort string) (picker.WorkerRank, bool)
-}
-
 // Tokenizers returns the request tokenizer of a model (epp.md §5.4). The server asks for the
 // partition model (the base model when the request names a LoRA adapter).
 type Tokenizers interface {

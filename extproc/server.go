@@ -69,10 +69,6 @@ type Config struct {
 	// DefaultRequestBodyTimeout).
 	RequestBodyTimeout time.Duration
 
-	// Addresses, when set, gives the per-rank destinations of discovered pods and resolves served
-	// endpoints back to worker ranks (InferencePool discovery: one target port per dp_rank). Nil:
-	// every rank is addressed at its worker's endpoint.
-	Addresses RankAddresses
 	// ConformanceTestHooks enables the Gateway API Inference Extension conformance-suite hooks
 	// (DYN_EPP_CONFORMANCE_TEST_HOOKS): the test-epp-endpoint-selection request header restricts
 	// the candidates, and the response headers reply sets x-conformance-test-served-endpoint,

@@ -137,6 +137,27 @@ type WorkerRecord struct {
 	RouterHintSourceControlEndpoints map[string]string `json:"router_hint_source_control_endpoints,omitempty"`
 	// KVEventSourceMode "state_agent_v2" makes the worker a hint target only.
 	KVEventSourceMode string `json:"kv_event_source_mode,omitempty"`
+
+	// RankEndpoints, when set, gives each rank its own endpoint: rank DataParallelStartRank+i is
+	// served at RankEndpoints[i] (an InferencePool pod serves dp_rank r on spec.targetPorts[r],
+	// epp.md §10.3). Discovery sets it; it is never read from JSON (GET /workers shows it as
+	// dp_rank_endpoints). It must list every rank with a valid endpoint, else the worker is
+	// incomplete. A POST /workers replaces the record and with it this field; a PATCH that
+	// changes endpoint or the rank range drops it. Empty: every rank is served at Endpoint.
+	RankEndpoints []string `json:"-"`
+}
+
+// RankEndpoint returns the endpoint that serves global rank dpRank: RankEndpoints' entry for it
+// when the record has one, else Endpoint.
+func (r *WorkerRecord) RankEndpoint(dpRank uint32) string {
+	start := uint32(0)
+	if r.DataParallelStartRank != nil {
+		start = *r.DataParallelStartRank
+	}
+	if dpRank >= start && uint64(dpRank-start) < uint64(len(r.RankEndpoints)) {
+		return r.RankEndpoints[dpRank-start]
+	}
+	return r.Endpoint
 }
 
 // WorkerState is a catalog record as GET /workers, /ready and the worker routes return it: the record
@@ -147,6 +168,15 @@ type WorkerState struct {
 	Lifecycle string `json:"lifecycle"`
 	// NotSchedulableReasons are the §4.1 reasons (omitted when empty).
 	NotSchedulableReasons []string `json:"not_schedulable_reasons,omitempty"`
+	// Candidate is false while the worker is registered but withheld from picks (SetCandidate:
+	// a discovered pod whose Ready condition is not True, epp.md §10.2); only candidates count
+	// as schedulable in /ready. Always true without discovery. A kvepp addition to the §4.5
+	// record.
+	Candidate bool `json:"candidate"`
+	// DPRankEndpoints maps each global rank (decimal) to its endpoint when the record's ranks
+	// are served on their own ports (WorkerRecord.RankEndpoints; omitted otherwise). A kvepp
+	// addition to the §4.5 record.
+	DPRankEndpoints map[string]string `json:"dp_rank_endpoints,omitempty"`
 	// Source is who registered the worker (not part of the JSON record, epp.md §11.3).
 	Source Source `json:"-"`
 }
@@ -400,7 +430,7 @@ type Selection struct {
 	WorkerID uint64
 	// DPRank is the chosen global rank.
 	DPRank uint32
-	// Endpoint is the worker's endpoint.
+	// Endpoint is the endpoint serving the chosen rank (WorkerRecord.RankEndpoint).
 	Endpoint string
 	// BlockSize is the partition block size in tokens.
 	BlockSize uint32
@@ -437,6 +467,6 @@ type Fallback struct {
 	WorkerID uint64
 	// DPRank is its rank.
 	DPRank uint32
-	// Endpoint is its endpoint.
+	// Endpoint is the endpoint serving that rank (WorkerRecord.RankEndpoint).
 	Endpoint string
 }

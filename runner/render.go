@@ -2,9 +2,14 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"sort"
+	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/kvepp/kvepp/extproc"
 	"github.com/kvepp/kvepp/extproc/tokenizer"
@@ -15,7 +20,37 @@ import (
 // renderTokenizer adapts a vllmrender.Client to the ext_proc tokenizer interfaces
 // (DYN_EPP_TOKENIZER_PROTOCOL=vllm-render, epp.md §5.4): the server calls TokenizePrompt with the
 // stream's context and x-request-id; the per-kind methods exist for callers without a stream.
-type renderTokenizer struct{ c *vllmrender.Client }
+type renderTokenizer struct {
+	c *vllmrender.Client
+	// log receives the render failures the client cannot diagnose (renderFailed); nil logs
+	// nothing.
+	log *zerolog.Logger
+}
+
+// renderLogBurst and renderLogPeriod bound the render-failure warnings of one render server: a
+// server that is down fails every request, and the first few lines say all there is to say.
+const (
+	renderLogBurst  = 5
+	renderLogPeriod = 10 * time.Second
+)
+
+// renderFailed logs a failed render call with what the client is not told: the render URL and
+// the underlying cause. Timeouts, unreachable servers, 5xx and malformed answers (504, 503, 502)
+// are warnings, and so are 4xx other than 400 and 422 — a 404, 401 or 405 usually means a wrong
+// DYN_EPP_TOKENIZER_SERVICE_URL(S) or credentials, not a bad request; 400 and 422 (the request's
+// own fault) are logged at debug.
+func (r renderTokenizer) renderFailed(err error, requestID string) {
+	var re *vllmrender.Error
+	if r.log == nil || !errors.As(err, &re) {
+		return
+	}
+	ev := r.log.Warn()
+	if re.Status == http.StatusBadRequest || re.Status == http.StatusUnprocessableEntity {
+		ev = r.log.Debug()
+	}
+	ev.Str("url", re.URL).Int("status", re.Status).Str("request_id", requestID).Str("error", re.Detail()).
+		Msg("render call failed (DYN_EPP_TOKENIZER_PROTOCOL=vllm-render)")
+}
 
 var (
 	_ extproc.RequestTokenizer = renderTokenizer{}
@@ -35,6 +70,7 @@ func (r renderTokenizer) TokenizePrompt(ctx context.Context, call extproc.Tokeni
 	}
 	res, err := r.c.Render(ctx, kind, call.Body, call.RequestID)
 	if err != nil {
+		r.renderFailed(err, call.RequestID)
 		return extproc.TokenizedPrompt{}, err
 	}
 	p := extproc.TokenizedPrompt{TokenIDs: res.TokenIDs}
@@ -66,7 +102,7 @@ func (r renderTokenizer) TokenizeResponses(body []byte) ([]uint32, error) {
 
 // loadRenderTokenizers builds one render client per distinct URL: DYN_EPP_TOKENIZER_SERVICE_URL
 // for every model, DYN_EPP_TOKENIZER_SERVICE_URLS for the models it names.
-func loadRenderTokenizers(cfg Config, set *tokenizerSet) error {
+func loadRenderTokenizers(cfg Config, set *tokenizerSet, log zerolog.Logger) error {
 	clients := map[string]renderTokenizer{}
 	client := func(setting, u string) (renderTokenizer, error) {
 		if c, ok := clients[u]; ok {
@@ -76,7 +112,9 @@ func loadRenderTokenizers(cfg Config, set *tokenizerSet) error {
 		if err != nil {
 			return renderTokenizer{}, fmt.Errorf("invalid %s %q: %w", setting, u, err)
 		}
-		clients[u] = renderTokenizer{c}
+		sampled := log.With().Str("component", "vllm-render").Logger().
+			Sample(&zerolog.BurstSampler{Burst: renderLogBurst, Period: renderLogPeriod})
+		clients[u] = renderTokenizer{c: c, log: &sampled}
 		return clients[u], nil
 	}
 	if cfg.TokenizerServiceURL != "" {

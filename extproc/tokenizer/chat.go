@@ -12,8 +12,14 @@ import (
 )
 
 // ErrNoChatTemplate is returned by the chat and responses paths when the model directory has no
-// chat template.
-var ErrNoChatTemplate = errors.New("tokenizer has no chat template")
+// chat template (Llama 2's files, say). It is a *RequestError: vLLM answers such a chat request
+// with 400 too (transformers refuses to apply a template that is not there), and completions
+// still work.
+var ErrNoChatTemplate error = &RequestError{Msg: "this model has no chat template (no chat_template in tokenizer_config.json and no chat_template.jinja), so a chat request cannot be rendered; send a completions request with a prompt instead"}
+
+// HasChatTemplate reports whether the model has a chat template, i.e. whether chat and
+// Responses requests can be tokenized (else they fail with ErrNoChatTemplate).
+func (t *Tokenizer) HasChatTemplate() bool { return t.chat != nil && len(t.chat.templates) > 0 }
 
 // chatTemplate is one compiled chat template.
 type chatTemplate struct {

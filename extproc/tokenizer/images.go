@@ -1,9 +1,6 @@
 package tokenizer
 
 import (
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"unicode/utf8"
 )
@@ -137,39 +134,4 @@ func sanitizeIfNeeded(s string) string {
 		return s
 	}
 	return sanitizeUTF8(s)
-}
-
-// MaxModelLen returns the context length vLLM would report as max_model_len, in tokens: config.json's
-// max_position_embeddings (or text_config's) when the tokenizer directory has a config.json (a
-// Hugging Face snapshot does), else tokenizer_config.json's model_max_length, else 0 (unknown).
-// vLLM may lower it with --max-model-len; kvepp cannot see that.
-func (t *Tokenizer) MaxModelLen() int {
-	if t.maxPositions > 0 {
-		return t.maxPositions
-	}
-	return t.modelMaxLength
-}
-
-// readMaxPositions reads max_position_embeddings from dir/config.json (0 when absent).
-func readMaxPositions(dir string) int {
-	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err != nil {
-		return 0
-	}
-	var c struct {
-		MaxPositions *int `json:"max_position_embeddings"`
-		TextConfig   *struct {
-			MaxPositions *int `json:"max_position_embeddings"`
-		} `json:"text_config"`
-	}
-	if json.Unmarshal(data, &c) != nil {
-		return 0
-	}
-	switch {
-	case c.MaxPositions != nil && *c.MaxPositions > 0:
-		return *c.MaxPositions
-	case c.TextConfig != nil && c.TextConfig.MaxPositions != nil && *c.TextConfig.MaxPositions > 0:
-		return *c.TextConfig.MaxPositions
-	}
-	return 0
 }
