@@ -551,7 +551,7 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 	if err != nil {
 		return decision{}, err
 	}
-	tokens, mmItems, err := st.tokenize(kind, partition, plain, src)
+	tokens, mmItems, err := st.tokenize(kind, partition, plain, pb.members, src)
 	if err != nil {
 		return decision{}, err
 	}
@@ -769,8 +769,9 @@ func (st *stream) strictPriority(h agentHints) uint32 {
 }
 
 // tokenize returns the prompt's token ids and multimodal items (epp.md §5.4). Token prompts are
-// used directly.
-func (st *stream) tokenize(kind requestKind, model string, body []byte, src promptSource) (tokens []uint32, mm []picker.MMItem, err error) {
+// used directly. members are body's top-level members as parseBody found them, for a
+// PromptTokenizer that reads them instead of parsing the body again.
+func (st *stream) tokenize(kind requestKind, model string, body []byte, members []BodyMember, src promptSource) (tokens []uint32, mm []picker.MMItem, err error) {
 	if src.tokens != nil {
 		if len(src.tokens) == 0 {
 			return nil, nil, errEmptyTokens
@@ -800,7 +801,7 @@ func (st *stream) tokenize(kind requestKind, model string, body []byte, src prom
 			pk = PromptCompletion
 		}
 		var p TokenizedPrompt
-		p, err = pt.TokenizePrompt(st.ctx, TokenizeCall{Kind: pk, Body: body, RequestID: st.requestID()})
+		p, err = pt.TokenizePrompt(st.ctx, TokenizeCall{Kind: pk, Body: body, RequestID: st.requestID(), Members: members})
 		tokens, mm = p.TokenIDs, p.MMItems
 	} else {
 		switch kind {

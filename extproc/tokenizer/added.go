@@ -160,3 +160,47 @@ func spaceRightmostAtStart(s string) int {
 	}
 	return i
 }
+
+// maxLen returns the length in bytes of the longest token content (0 when there is none).
+func (m *addedMatcher) maxLen() int {
+	n := 0
+	for _, cands := range m.byFirst {
+		if len(cands) > 0 && len(cands[0].content) > n {
+			n = len(cands[0].content) // candidates are sorted longest first
+		}
+	}
+	return n
+}
+
+// stripFree reports whether no token has lstrip, rstrip or single_word: every match is exactly its
+// content, so whether a match covers an offset depends only on the bytes within the longest
+// token's length of it (what straddles relies on).
+func (m *addedMatcher) stripFree() bool {
+	for _, cands := range m.byFirst {
+		for _, t := range cands {
+			if t.lstrip || t.rstrip || t.singleWord {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// straddles reports whether some token's content occurs across the junction of left and right:
+// left ends with a proper prefix of the content and right starts with the rest. Where it does
+// not, and the offset is a segment boundary of the text left belongs to, splitting left+right
+// gives the segments of left's text up to the junction followed by those of right alone (for a
+// stripFree matcher): no match can start before the junction and end after it.
+func (m *addedMatcher) straddles(left, right string) bool {
+	for _, cands := range m.byFirst {
+		for _, t := range cands {
+			c := t.content
+			for i := 1; i < len(c); i++ {
+				if len(left) >= i && len(right) >= len(c)-i && left[len(left)-i:] == c[:i] && right[:len(c)-i] == c[i:] {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}

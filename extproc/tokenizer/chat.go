@@ -24,6 +24,10 @@ type chatTemplate struct {
 	// content, so content is passed as a list of {"type":"text","text":…} parts rather than a
 	// string (vLLM's auto-detection, approximated from the template source).
 	openAIContent bool
+	// plan is the template's incremental rendering proof (nil: none, conversations are rendered
+	// whole); cacheID tells its entries apart in a ConversationCache.
+	plan    *incrementalPlan
+	cacheID uint64
 }
 
 // chatConfig is the chat part of tokenizer_config.json.
@@ -43,7 +47,8 @@ func compileChatTemplate(name, src string) (*chatTemplate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("compile chat template %q: %w", name, err)
 	}
-	return &chatTemplate{name: name, tmpl: tmpl, texts: pt.texts, openAIContent: contentLoopRE.MatchString(src)}, nil
+	return &chatTemplate{name: name, tmpl: tmpl, texts: pt.texts, openAIContent: contentLoopRE.MatchString(src),
+		plan: provenTemplates[templateDigest(src)], cacheID: cacheIDs.Add(1)}, nil
 }
 
 func parseChatConfig(cfgData, jinjaFile []byte) (*chatConfig, error) {
@@ -144,12 +149,32 @@ func truncate(s string, n int) string {
 
 // chatInput is a chat request reduced to what the template sees.
 type chatInput struct {
-	messages            *jval // array
+	messages *jval // array; nil until decodeMessages when built from a Request
+	// messagesRaw is the request's raw messages array (nil for inputs built from decoded values,
+	// such as a Responses request's).
+	messagesRaw         []byte
 	tools               *jval // array or nil
 	addGenerationPrompt bool
 	continueFinal       bool
 	kwargs              *jval // object or nil (chat_template_kwargs)
 	images              imageMode
+	// toolsRaw and kwargsRaw are the raw tools and chat_template_kwargs (nil when absent or
+	// null): with the template they are what the rendering of a conversation prefix depends on
+	// besides its messages (the conversation cache's key).
+	toolsRaw, kwargsRaw []byte
+}
+
+// decodeMessages decodes the raw messages array once.
+func (in *chatInput) decodeMessages() error {
+	if in.messages != nil {
+		return nil
+	}
+	v, err := decodeOrdered(in.messagesRaw)
+	if err != nil {
+		return &RequestError{Msg: "messages is not valid JSON", Err: err}
+	}
+	in.messages = v
+	return nil
 }
 
 // render renders the chat template over in as vLLM + transformers do (tokenizer.md "What the
@@ -163,12 +188,32 @@ func (t *Tokenizer) render(in *chatInput) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	conv, err := conversation(in.messages, tmpl.openAIContent, in.images)
+	if err := in.decodeMessages(); err != nil {
+		return "", err
+	}
+	conv, err := conversation(in.messages.arr, 0, tmpl.openAIContent, in.images)
 	if err != nil {
 		return "", err
 	}
+	out, err := t.renderConversation(tmpl, in, conv, in.addGenerationPrompt)
+	if err != nil {
+		return "", err
+	}
+	if in.continueFinal {
+		out, err = trimToFinalMessage(out, conv)
+		if err != nil {
+			return "", err
+		}
+	}
+	return out, nil
+}
+
+// renderConversation renders tmpl over the preprocessed conversation conv with in's tools and
+// chat_template_kwargs and the given add_generation_prompt (no continue_final_message trimming).
+func (t *Tokenizer) renderConversation(tmpl *chatTemplate, in *chatInput, conv *jval, addGenerationPrompt bool) (string, error) {
 	var tools *jval
 	if in.tools != nil {
+		var err error
 		if tools, err = dumpTools(in.tools); err != nil {
 			return "", err
 		}
@@ -183,7 +228,7 @@ func (t *Tokenizer) render(in *chatInput) (string, error) {
 		data["tools"] = vb.value(tools)
 	}
 	data["documents"] = jinja.None()
-	data["add_generation_prompt"] = jinja.NewBool(in.addGenerationPrompt)
+	data["add_generation_prompt"] = jinja.NewBool(addGenerationPrompt)
 	if in.kwargs != nil {
 		for i, k := range in.kwargs.keys {
 			switch k {
@@ -205,12 +250,6 @@ func (t *Tokenizer) render(in *chatInput) (string, error) {
 		// The template raised (raise_exception) or failed over this request's content:
 		// vLLM answers 400.
 		return "", &RequestError{Msg: "chat template rendering failed", Err: err}
-	}
-	if in.continueFinal {
-		out, err = trimToFinalMessage(out, conv)
-		if err != nil {
-			return "", err
-		}
 	}
 	return out, nil
 }
@@ -280,10 +319,13 @@ var textPartTypes = map[string]string{
 // conversation converts request messages into vLLM's ConversationMessage list: role, content
 // (parts' texts joined by "\n" in string format; [{"type":"text","text":…}] in openai
 // format), then for assistants tool_calls (arguments parsed into objects; empty lists dropped)
-// and reasoning/reasoning_content, for tools tool_call_id, and name when it is a string.
-func conversation(messages *jval, openAI bool, images imageMode) (*jval, error) {
-	out := &jval{kind: jArray, arr: make([]*jval, 0, len(messages.arr))}
-	for i, m := range messages.arr {
+// and reasoning/reasoning_content, for tools tool_call_id, and name when it is a string. Each
+// message is converted on its own (a tail of a conversation converts exactly as it would in the
+// whole); first is the index of messages[0] in the request, for error messages.
+func conversation(messages []*jval, first int, openAI bool, images imageMode) (*jval, error) {
+	out := &jval{kind: jArray, arr: make([]*jval, 0, len(messages))}
+	for i, m := range messages {
+		i += first
 		if m.kind != jObject {
 			return nil, badRequest("messages[%d] is %s, want an object", i, m.typeName())
 		}
