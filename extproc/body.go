@@ -91,6 +91,10 @@ type parsedBody struct {
 	members []BodyMember
 	// memberBuf backs members for the usual bodies of a few top-level fields.
 	memberBuf [8]BodyMember
+	// msgElems are the element offsets of the messages array (BodyMember.Elements), backed by
+	// msgElemBuf for conversations of up to 64 messages.
+	msgElems   [][2]int
+	msgElemBuf [64][2]int
 	// lastValueEnd is the end of the last member's value (0 when the object is empty); open is the
 	// offset just after '{'.
 	lastValueEnd, open int
@@ -111,11 +115,23 @@ var errTooDeep = picker.Errorf(picker.KindBadRequest, "request body nests JSON d
 // that are not JSON objects, and errModelType when model is present but not a string.
 func parseBody(body []byte) (*parsedBody, error) {
 	p := &parsedBody{}
-	p.members = p.memberBuf[:0]
-	err := jsonscan.Object(body, func(key []byte, vs, ve int) {
+	p.members, p.msgElems = p.memberBuf[:0], p.msgElemBuf[:0]
+	msgMember, msgStart := -1, 0
+	err := jsonscan.ObjectElements(body, "messages", &p.msgElems, func(key []byte, vs, ve int) {
+		if string(key) == "messages" && body[vs] == '[' {
+			msgMember, msgStart = len(p.members), vs
+		}
 		p.member(key, body[vs:ve], span{vs, ve})
 		p.lastValueEnd = ve
 	})
+	if msgMember >= 0 && err == nil {
+		// The element offsets are the body's; the member's value starts at its '['.
+		for i := range p.msgElems {
+			p.msgElems[i][0] -= msgStart
+			p.msgElems[i][1] -= msgStart
+		}
+		p.members[msgMember].Elements = p.msgElems
+	}
 	switch err {
 	case nil:
 	case jsonscan.ErrTooDeep:

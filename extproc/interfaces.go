@@ -93,6 +93,9 @@ type TokenizeCall struct {
 // value, both slices of (or, for an escaped key, decoded from) the body.
 type BodyMember struct {
 	Key, Value []byte
+	// Elements are, for the member the server also split into its array elements (the last
+	// "messages" array), the [start, end) offsets in Value of each element; nil otherwise.
+	Elements [][2]int
 }
 
 // TokenizedPrompt is the engine's view of a prompt: its token ids and the token ranges of

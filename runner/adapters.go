@@ -46,6 +46,9 @@ func (a kvEventSource) DetachWorker(workerID uint64) { a.m.Detach(workerID) }
 type tokenizerSet struct {
 	byModel map[string]extproc.RequestTokenizer
 	def     extproc.RequestTokenizer // DYN_EPP_TOKENIZER_DIR's, or the byte fallback; may be nil
+	// convCache is the local tokenizers' conversation cache (nil unless local mode with
+	// DYN_EPP_CONVERSATION_CACHE_BYTES > 0), shared by all of them.
+	convCache *tokenizer.ConversationCache
 }
 
 var _ extproc.Tokenizers = (*tokenizerSet)(nil)
@@ -86,6 +89,9 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 	default:
 		return nil, fmt.Errorf("invalid %s %q: not supported", cfg.name("DYN_EPP_TOKENIZER_PROTOCOL"), cfg.EffectiveTokenizerProtocol())
 	}
+	if cfg.ConversationCacheBytes > 0 {
+		set.convCache = tokenizer.NewConversationCache(cfg.ConversationCacheBytes)
+	}
 	load := func(setting, dir, model string) (*tokenizer.Tokenizer, error) {
 		resolved, err := tokenizer.ResolveDir(dir, model)
 		if err != nil {
@@ -102,7 +108,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		set.def = localTokenizer{t, cfg.ImageTokens}
+		set.def = localTokenizer{t, cfg.ImageTokens, set.convCache}
 	}
 	models := make([]string, 0, len(cfg.Tokenizers))
 	for m := range cfg.Tokenizers {
@@ -114,7 +120,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		set.byModel[m] = localTokenizer{t, cfg.ImageTokens}
+		set.byModel[m] = localTokenizer{t, cfg.ImageTokens, set.convCache}
 	}
 	return set, nil
 }

@@ -107,7 +107,8 @@ func loadRenderTokenizers(cfg Config, set *tokenizerSet) error {
 // blocks never match and are never shared); everything else is tokenizer.Tokenizer's.
 type localTokenizer struct {
 	*tokenizer.Tokenizer
-	imageTokens int // DYN_EPP_IMAGE_TOKENS
+	imageTokens int                          // DYN_EPP_IMAGE_TOKENS
+	convCache   *tokenizer.ConversationCache // nil: every chat is tokenized from scratch
 }
 
 var (
@@ -117,9 +118,13 @@ var (
 
 // TokenizePrompt implements extproc.PromptTokenizer.
 func (l localTokenizer) TokenizePrompt(_ context.Context, call extproc.TokenizeCall) (extproc.TokenizedPrompt, error) {
+	req, err := l.request(call)
+	if err != nil {
+		return extproc.TokenizedPrompt{}, err
+	}
 	switch call.Kind {
 	case extproc.PromptChat:
-		p, err := l.TokenizeChatPrompt(call.Body, l.imageTokens)
+		p, err := l.ChatPromptFor(req, tokenizer.ChatOptions{ImageTokens: l.imageTokens, Cache: l.convCache})
 		if err != nil {
 			return extproc.TokenizedPrompt{}, err
 		}
@@ -129,10 +134,23 @@ func (l localTokenizer) TokenizePrompt(_ context.Context, call extproc.TokenizeC
 		}
 		return out, nil
 	case extproc.PromptCompletion:
-		ids, err := l.TokenizeCompletion(call.Body)
+		ids, err := l.CompletionIDs(req)
 		return extproc.TokenizedPrompt{TokenIDs: ids}, err
 	default:
-		ids, err := l.TokenizeResponses(call.Body)
+		ids, err := l.ResponsesIDs(req)
 		return extproc.TokenizedPrompt{TokenIDs: ids}, err
 	}
+}
+
+// request is the call's body as the tokenizer reads it: the members the ext_proc server already
+// scanned (one parse per request, epp.md §13.5), or the body parsed when there are none.
+func (l localTokenizer) request(call extproc.TokenizeCall) (*tokenizer.Request, error) {
+	if call.Members == nil {
+		return tokenizer.ParseRequest(call.Body)
+	}
+	ms := make([]tokenizer.Member, len(call.Members))
+	for i, m := range call.Members {
+		ms[i] = tokenizer.Member{Key: m.Key, Value: m.Value, Elements: m.Elements}
+	}
+	return tokenizer.RequestFromMembers(ms)
 }

@@ -259,6 +259,12 @@ func measureCell(ctx context.Context, client extprocv3.ExternalProcessorClient, 
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	// One exchange first, so an unreachable or misconfigured target fails at once instead of
+	// filling the cell with errors.
+	probe := loadRequest{Path: b.Path, Body: b.bytesFor(o.Unique, run, seq.Add(1)), RequestID: run + "-probe"}
+	if _, err := doExchange(ctx, client, probe); err != nil {
+		return fmt.Errorf("target %s: %s: the first exchange failed: %w", cell.Target, b.Name, err)
+	}
 	var measuring atomic.Bool
 	stop := make(chan struct{})
 	var mu sync.Mutex

@@ -1,7 +1,9 @@
 package tokenizer
 
 import (
-	"sync"
+	"hash/maphash"
+	"strings"
+	"sync/atomic"
 )
 
 // bpeModel is the BPE model of tokenizer.json: byte-level (tokenizer.md "Byte-level BPE", step
@@ -218,60 +220,54 @@ func (m *bpeModel) mergeHeap(syms []uint32) []uint32 {
 }
 
 // pieceCache is a bounded, concurrency-safe map from a pre-tokenized piece (raw bytes) to its
-// BPE ids (tokenizer.md step 8). It is sharded to keep lock contention low; a full shard evicts
-// an arbitrary entry per insert (Go's randomized map iteration), so memory stays bounded at
-// about cacheShards*cacheShardEntries pieces of at most maxCachedPiece bytes.
+// BPE ids (tokenizer.md step 8). Lookups take no lock: it is a table of pieceSlots atomic
+// pointers to immutable entries, the piece's hash choosing two neighbouring slots; an insert
+// stores into an empty one of them or replaces one. Memory stays bounded at pieceSlots pieces
+// of at most maxCachedPiece bytes.
 type pieceCache struct {
-	shards [cacheShards]cacheShard
+	seed  maphash.Seed
+	slots []atomic.Pointer[pieceEntry]
+}
+
+// pieceEntry is one cached piece; never modified once stored.
+type pieceEntry struct {
+	piece string
+	ids   []uint32
 }
 
 const (
-	cacheShards       = 64
-	cacheShardEntries = 2048
-	maxCachedPiece    = 256
+	pieceSlots     = 1 << 17 // power of two
+	maxCachedPiece = 256
 )
 
-type cacheShard struct {
-	mu sync.RWMutex
-	m  map[string][]uint32
-	_  [32]byte // keep shards on separate cache lines
-}
-
 func newPieceCache() *pieceCache {
-	c := &pieceCache{}
-	for i := range c.shards {
-		c.shards[i].m = make(map[string][]uint32, 64)
-	}
-	return c
-}
-
-func shardOf(s string) int {
-	// Cheap, allocation-free spread over the shards; the map hashes the key properly.
-	h := uint(len(s))*0x9E3779B1 + uint(s[0])*31 + uint(s[len(s)-1])*131 + uint(s[len(s)/2])*7
-	return int(h % cacheShards)
+	return &pieceCache{seed: maphash.MakeSeed(), slots: make([]atomic.Pointer[pieceEntry], pieceSlots)}
 }
 
 func (c *pieceCache) get(s string) ([]uint32, bool) {
-	sh := &c.shards[shardOf(s)]
-	sh.mu.RLock()
-	v, ok := sh.m[s]
-	sh.mu.RUnlock()
-	return v, ok
+	i := maphash.String(c.seed, s) & (pieceSlots - 1)
+	if e := c.slots[i].Load(); e != nil && e.piece == s {
+		return e.ids, true
+	}
+	if e := c.slots[i^1].Load(); e != nil && e.piece == s {
+		return e.ids, true
+	}
+	return nil, false
 }
 
 func (c *pieceCache) put(s string, ids []uint32) {
 	if len(s) > maxCachedPiece {
 		return
 	}
-	sh := &c.shards[shardOf(s)]
-	key := string([]byte(s)) // detach from the caller's (possibly large) text
-	sh.mu.Lock()
-	if len(sh.m) >= cacheShardEntries {
-		for k := range sh.m {
-			delete(sh.m, k)
-			break
-		}
+	h := maphash.String(c.seed, s)
+	i := h & (pieceSlots - 1)
+	e := &pieceEntry{piece: strings.Clone(s), ids: ids} // detached from the caller's (possibly large) text
+	switch {
+	case c.slots[i].Load() == nil:
+	case c.slots[i^1].Load() == nil:
+		i ^= 1
+	default:
+		i ^= (h >> 32) & 1 // both taken: replace one of them
 	}
-	sh.m[key] = ids
-	sh.mu.Unlock()
+	c.slots[i].Store(e)
 }

@@ -151,8 +151,10 @@ func truncate(s string, n int) string {
 type chatInput struct {
 	messages *jval // array; nil until decodeMessages when built from a Request
 	// messagesRaw is the request's raw messages array (nil for inputs built from decoded values,
-	// such as a Responses request's).
-	messagesRaw         []byte
+	// such as a Responses request's); messageElems its elements' offsets when the caller found
+	// them (Member.Elements).
+	messagesRaw  []byte
+	messageElems [][2]int
 	tools               *jval // array or nil
 	addGenerationPrompt bool
 	continueFinal       bool

@@ -32,7 +32,10 @@ import (
 //     Concretely, for a conversation m[0..n] and a boundary k: let Q be the common prefix of the
 //     renders of [m[k]] alone with and without the generation prompt. Then the full render equals
 //     P_k + S, where S is the render of m[k..n] minus its first len(Q) bytes and P_k depends on
-//     m[0..k], tools and kwargs only. P_k is what a cache entry stands for.
+//     m[0..k], tools and kwargs only. P_k is what a cache entry stands for. Further, what the
+//     render of [m] puts after Q (the ending, with or without the generation prompt) does not
+//     depend on the boundary message m, so it is measured once per context with a stand-in
+//     message, and S for a boundary that is the last message is the ending alone.
 //  2. The token ids of the text split at a boundary are the ids of the two parts: the boundary is
 //     a raw segment boundary of the added-token split (tokenizer.md step 2) — normalizer,
 //     pre-tokenizer and BPE never look across it — that no added token can straddle, in a
@@ -64,6 +67,10 @@ func userBoundary(m *jval) bool {
 // provenTemplates maps the digest of a template source (templateDigest) to its plan. The proofs,
 // per template (R(ms, g) is the render of messages ms with add_generation_prompt g; T(m) what the
 // loop prints for message m; E(g) what follows the loop):
+//
+// For every template below the loop prints a boundary (user) message from its own fields, without
+// looking at loop.last, and the text after the loop depends on add_generation_prompt and
+// chat_template_kwargs only; so the ending is the same for every boundary message.
 //
 // Qwen3 (Qwen/Qwen3-*): the head prints the tools block and messages[0] when it is a system
 // message; ns.last_query_index is found by a reverse scan that stops at the last user message
@@ -146,6 +153,9 @@ type ConversationCache struct {
 	bytes      int64
 
 	hits, misses, bypassed, evictions, reused atomic.Uint64
+
+	endMu   sync.Mutex
+	endings map[uint64]memoEnding // by signature hash, at most maxEndings
 }
 
 // convEntry is one cached prefix P_k.
@@ -178,7 +188,7 @@ const convEntryOverhead = 160
 
 // NewConversationCache returns a cache holding at most maxBytes bytes of entries (> 0).
 func NewConversationCache(maxBytes int64) *ConversationCache {
-	return &ConversationCache{maxBytes: maxBytes, seed: maphash.MakeSeed(), entries: map[uint64]*convEntry{}}
+	return &ConversationCache{maxBytes: maxBytes, seed: maphash.MakeSeed(), entries: map[uint64]*convEntry{}, endings: map[uint64]memoEnding{}}
 }
 
 // ConversationCacheStats is a snapshot of a ConversationCache's state and counters.
@@ -221,7 +231,7 @@ func (c *ConversationCache) get(h uint64, sig, prefix []byte) *convEntry {
 // put inserts e (replacing any entry with the same hash) and evicts the least recently used
 // entries beyond the bound. An entry larger than half the bound is not kept.
 func (c *ConversationCache) put(e *convEntry) {
-	e.size = int64(e.keyLen+4*len(e.ids)+len(e.pending)+len(e.window)+len(e.q)) + convEntryOverhead
+	e.size = int64(e.keyLen+4*len(e.ids)+len(e.pending)+len(e.window)) + convEntryOverhead
 	if e.size > c.maxBytes/2 {
 		return
 	}
@@ -322,6 +332,7 @@ type convRequest struct {
 	starts, ends []int
 	hashes       []uint64
 	sig          []byte
+	end          *ending // the context's ending, once known
 }
 
 // cachedChat tokenizes a text-only chat request through the conversation cache: the ids of a
@@ -340,10 +351,17 @@ func (t *Tokenizer) cachedChat(in *chatInput, addSpecial bool, c *ConversationCa
 		return nil, false, nil
 	}
 	r := &convRequest{t: t, c: c, tmpl: tmpl, in: in, addSpecial: addSpecial}
-	jsonscan.Elements(in.messagesRaw, func(_ []byte, s, e int) bool {
-		r.starts, r.ends = append(r.starts, s), append(r.ends, e)
-		return true
-	})
+	if in.messageElems != nil {
+		r.starts, r.ends = make([]int, len(in.messageElems)), make([]int, len(in.messageElems))
+		for i, sp := range in.messageElems {
+			r.starts[i], r.ends[i] = sp[0], sp[1]
+		}
+	} else {
+		jsonscan.Elements(in.messagesRaw, func(_ []byte, s, e int) bool {
+			r.starts, r.ends = append(r.starts, s), append(r.ends, e)
+			return true
+		})
+	}
 	if len(r.ends) == 0 {
 		c.bypassed.Add(1)
 		return nil, false, nil
@@ -409,50 +427,99 @@ func (r *convRequest) render(conv []*jval, agp bool) (string, error) {
 	return r.t.renderConversation(r.tmpl, r.in, &jval{kind: jArray, arr: conv}, agp)
 }
 
-// turn is the render of one boundary message as a conversation of its own: Q, the common prefix of
-// its renders with and without the generation prompt, and its render with the request's
-// add_generation_prompt.
-type turn struct {
-	q, alone string
+// ending is what a conversation's render puts after its final boundary message's Q, with and
+// without the generation prompt. The proven templates print it from add_generation_prompt and the
+// context alone (the proofs above), so it is found once per context by rendering a stand-in
+// boundary message, and it lets Q of any boundary message be found from one render of it:
+// R([m], false) = Q(m) + ending.without.
+type ending struct {
+	with, without string
 }
 
-func (r *convRequest) turn(m *jval) (turn, error) {
-	with, err := r.render([]*jval{m}, true)
-	if err != nil {
-		return turn{}, err
+// standIn is the boundary message the ending is measured with.
+var standIn = func() *jval {
+	m := newObject()
+	m.set("role", jstr("user"))
+	m.set("content", jstr("x"))
+	return m
+}()
+
+// maxEndings bounds ConversationCache.endings; the map is emptied when it is full.
+const maxEndings = 256
+
+// ending returns the ending of the request's context (memoized in the cache by signature).
+func (r *convRequest) ending() (ending, bool) {
+	if r.end != nil {
+		return *r.end, true
 	}
-	without, err := r.render([]*jval{m}, false)
-	if err != nil {
-		return turn{}, err
+	h := maphash.Bytes(r.c.seed, r.sig)
+	r.c.endMu.Lock()
+	me, ok := r.c.endings[h]
+	r.c.endMu.Unlock()
+	if ok && bytes.Equal(me.sig, r.sig) {
+		r.end = &me.ending
+		return me.ending, true
+	}
+	with, err1 := r.render([]*jval{standIn}, true)
+	without, err2 := r.render([]*jval{standIn}, false)
+	if err1 != nil || err2 != nil {
+		return ending{}, false
 	}
 	n := 0
 	for n < len(with) && n < len(without) && with[n] == without[n] {
 		n++
 	}
-	tr := turn{q: with[:n], alone: without}
-	if r.in.addGenerationPrompt {
-		tr.alone = with
+	me = memoEnding{sig: bytes.Clone(r.sig), ending: ending{with: with[n:], without: without[n:]}}
+	r.c.endMu.Lock()
+	if len(r.c.endings) >= maxEndings {
+		clear(r.c.endings)
 	}
-	return tr, nil
+	r.c.endings[h] = me
+	r.c.endMu.Unlock()
+	r.end = &me.ending
+	return me.ending, true
+}
+
+// memoEnding is a memoized ending and the signature it belongs to.
+type memoEnding struct {
+	sig []byte
+	ending
+}
+
+// q returns Q of boundary message m: its render alone without the generation prompt, less the
+// ending.
+func (r *convRequest) q(m *jval) (string, bool) {
+	end, ok := r.ending()
+	if !ok {
+		return "", false
+	}
+	alone, err := r.render([]*jval{m}, false)
+	if err != nil || !strings.HasSuffix(alone, end.without) {
+		return "", false
+	}
+	return alone[:len(alone)-len(end.without)], true
 }
 
 // suffixAfter returns S for boundary index j of conv (a tail of the request starting at request
-// index base): the render of conv[j-base:] minus the boundary message's Q, and Q.
-func (r *convRequest) suffixAfter(conv []*jval, j, base int) (s, q string, ok bool) {
-	tr, err := r.turn(conv[j-base])
-	if err != nil {
-		return "", "", false
-	}
-	tail := tr.alone
-	if j-base < len(conv)-1 {
-		if tail, err = r.render(conv[j-base:], r.in.addGenerationPrompt); err != nil {
-			return "", "", false
+// index base): the text the request's render has after P_j — the ending when j is the last
+// message, else the render of conv[j-base:] less Q of message j.
+func (r *convRequest) suffixAfter(conv []*jval, j, base int) (string, bool) {
+	if j-base == len(conv)-1 {
+		end, ok := r.ending()
+		if r.in.addGenerationPrompt {
+			return end.with, ok
 		}
+		return end.without, ok
 	}
-	if !strings.HasPrefix(tail, tr.q) {
-		return "", "", false
+	q, ok := r.q(conv[j-base])
+	if !ok {
+		return "", false
 	}
-	return tail[len(tr.q):], tr.q, true
+	tail, err := r.render(conv[j-base:], r.in.addGenerationPrompt)
+	if err != nil || !strings.HasPrefix(tail, q) {
+		return "", false
+	}
+	return tail[len(q):], true
 }
 
 // extend tokenizes the request from entry e, which holds the prefix ending with message k: the
@@ -467,13 +534,9 @@ func (r *convRequest) extend(e *convEntry, k int) ([]uint32, bool, error) {
 	if !r.tmpl.plan.boundary(conv.arr[0]) {
 		return nil, false, nil
 	}
-	tail, err := r.render(conv.arr, r.in.addGenerationPrompt)
-	if err != nil || !strings.HasPrefix(tail, e.q) {
+	s, ok := r.suffixAfter(conv.arr, k, k)
+	if !ok || strings.Contains(s, imageSentinel) {
 		return nil, false, nil // the full render decides (and reports any error)
-	}
-	s := tail[len(e.q):]
-	if strings.Contains(s, imageSentinel) {
-		return nil, false, nil
 	}
 	text := e.pending + s
 	if !utf8.ValidString(text) || r.t.addedRaw.straddles(e.window, text) {
@@ -496,7 +559,15 @@ func (r *convRequest) extend(e *convEntry, k int) ([]uint32, bool, error) {
 		ids = append(ids, r.t.post.suffix...)
 	}
 	if j := r.lastBoundary(conv.arr, k); j > k {
-		r.fill(j, conv.arr, k, text, marks, ids, pre, e, e.window)
+		// As from scratch, the boundary before the last one too: the next request may repeat
+		// this one's history with another last message.
+		parent := e
+		if j2 := r.lastBoundary(conv.arr[:j-k], k); j2 > k {
+			if p := r.fill(j2, conv.arr, k, text, marks, ids, pre, e, e.window); p != nil {
+				parent = p
+			}
+		}
+		r.fill(j, conv.arr, k, text, marks, ids, pre, parent, e.window)
 	}
 	return ids, true, nil
 }
@@ -561,7 +632,7 @@ func (r *convRequest) lastBoundary(conv []*jval, base int) int {
 // request), whose key becomes this entry's key parent; window the bytes before text. The entry's
 // ids are a sub-slice of reqIDs: the request's ids and the cache share them, read-only.
 func (r *convRequest) fill(j int, conv []*jval, base int, text string, marks []segMark, reqIDs []uint32, pre int, from *convEntry, window string) *convEntry {
-	s, q, ok := r.suffixAfter(conv, j, base)
+	s, ok := r.suffixAfter(conv, j, base)
 	if !ok || !strings.HasSuffix(text, s) {
 		return nil
 	}
@@ -588,7 +659,6 @@ func (r *convRequest) fill(j int, conv []*jval, base int, text string, marks []s
 		pending:    strings.Clone(text[mk.off:end]),
 		window:     strings.Clone(left[max(len(left)-keep, 0):]),
 		afterToken: mk.afterToken,
-		q:          strings.Clone(q),
 		keyLen:     len(r.sig) + r.ends[j],
 	}
 	start := 0

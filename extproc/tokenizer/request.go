@@ -57,6 +57,9 @@ func badRequest(format string, args ...any) *RequestError {
 // Member is one top-level member of a request body: its key (unescaped) and its raw JSON value.
 type Member struct {
 	Key, Value []byte
+	// Elements, when the caller split an array value already (extproc does for messages), are the
+	// [start, end) offsets in Value of its elements; nil means not split.
+	Elements [][2]int
 }
 
 // Request is a request body split into its top-level members, validated JSON. Only the members a
@@ -107,9 +110,17 @@ func (r *Request) checkModel() error {
 
 // get returns the raw value of the last member named key, or nil.
 func (r *Request) get(key string) []byte {
+	if m := r.member(key); m != nil {
+		return m.Value
+	}
+	return nil
+}
+
+// member returns the last member named key, or nil.
+func (r *Request) member(key string) *Member {
 	for i := len(r.members) - 1; i >= 0; i-- {
 		if string(r.members[i].Key) == key {
-			return r.members[i].Value
+			return &r.members[i]
 		}
 	}
 	return nil
@@ -146,11 +157,15 @@ func (r *Request) optBool(key string, def bool) (bool, bool, error) {
 // the messages are checked to be an array but decoded later (chatInput.decodeMessages), so a
 // conversation-cache hit decodes only its new messages.
 func chatInputFromRequest(r *Request) (*chatInput, bool, error) {
-	msgs := r.get("messages")
+	var msgs []byte
+	var elems [][2]int
+	if m := r.member("messages"); m != nil {
+		msgs, elems = m.Value, m.Elements
+	}
 	if msgs == nil || msgs[0] != '[' {
 		return nil, false, badRequest("messages is %s, want an array", jsonscan.TypeName(msgs))
 	}
-	in := &chatInput{messagesRaw: msgs}
+	in := &chatInput{messagesRaw: msgs, messageElems: elems}
 	if tools := r.get("tools"); tools != nil && tools[0] != 'n' {
 		if tools[0] != '[' {
 			return nil, false, badRequest("tools is %s, want an array", jsonscan.TypeName(tools))

@@ -278,14 +278,49 @@ func NestsTooDeep(b []byte) bool {
 // bodies that are (validation runs member by member, so an invalid body may have reported some
 // members before its error).
 func Object(body []byte, member func(key []byte, start, end int)) error {
-	err := object(body, member)
+	return ObjectElements(body, "", nil, member)
+}
+
+// ObjectElements is Object that also lists, in *elements, the [start, end) offsets in body of the
+// elements of every top-level member named arrayKey (its key unescaped) whose value is an array — the messages of a chat request, found in the same pass — replacing the list at each
+// such member, so it holds the last one's (the member that counts).
+func ObjectElements(body []byte, arrayKey string, elements *[][2]int, member func(key []byte, start, end int)) error {
+	err := object(body, arrayKey, elements, member)
 	if err == ErrNotJSON && NestsTooDeep(body) {
 		return ErrTooDeep
 	}
 	return err
 }
 
-func object(body []byte, member func(key []byte, start, end int)) error {
+// validArray is ValidValue for the array at b[i] == '[' nested at depth 1, appending the spans of
+// its elements to *spans.
+func validArray(b []byte, i int, spans *[][2]int) (int, bool) {
+	i = SkipSpace(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return i + 1, true
+	}
+	for {
+		start := i
+		var ok bool
+		if i, ok = ValidValue(b, i, 2); !ok {
+			return i, false
+		}
+		*spans = append(*spans, [2]int{start, i})
+		i = SkipSpace(b, i)
+		if i >= len(b) {
+			return i, false
+		}
+		if b[i] == ']' {
+			return i + 1, true
+		}
+		if b[i] != ',' {
+			return i, false
+		}
+		i = SkipSpace(b, i+1)
+	}
+}
+
+func object(body []byte, arrayKey string, elements *[][2]int, member func(key []byte, start, end int)) error {
 	i := SkipSpace(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		if Valid(body) {
@@ -310,16 +345,22 @@ func object(body []byte, member func(key []byte, start, end int)) error {
 			if i >= len(body) || body[i] != ':' {
 				return ErrNotJSON
 			}
-			vs := SkipSpace(body, i+1)
-			ve, ok := ValidValue(body, vs, 1)
-			if !ok {
-				return ErrNotJSON
-			}
 			key := body[keyStart+1 : keyEnd-1]
 			if bytes.IndexByte(key, '\\') >= 0 {
 				var k string
 				_ = json.Unmarshal(body[keyStart:keyEnd], &k) // valid (ValidString), so this cannot fail
 				key = []byte(k)
+			}
+			vs := SkipSpace(body, i+1)
+			var ve int
+			if elements != nil && vs < len(body) && body[vs] == '[' && string(key) == arrayKey {
+				*elements = (*elements)[:0]
+				ve, ok = validArray(body, vs, elements)
+			} else {
+				ve, ok = ValidValue(body, vs, 1)
+			}
+			if !ok {
+				return ErrNotJSON
 			}
 			member(key, vs, ve)
 			i = SkipSpace(body, ve)
