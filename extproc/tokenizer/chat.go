@@ -153,8 +153,8 @@ type chatInput struct {
 	// messagesRaw is the request's raw messages array (nil for inputs built from decoded values,
 	// such as a Responses request's); messageElems its elements' offsets when the caller found
 	// them (Member.Elements).
-	messagesRaw  []byte
-	messageElems [][2]int
+	messagesRaw         []byte
+	messageElems        [][2]int
 	tools               *jval // array or nil
 	addGenerationPrompt bool
 	continueFinal       bool
