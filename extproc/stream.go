@@ -409,6 +409,9 @@ func (st *stream) echoRequestBody(b *extprocv3.HttpBody) error {
 	}})
 }
 
+// preallocBodyBytes bounds the body buffer allocated from a declared content-length, bytes.
+const preallocBodyBytes = 1 << 20
+
 // appendBody adds chunk to the request body. A body that arrives as one final chunk is used in place;
 // otherwise chunks are concatenated in a pooled buffer.
 func (st *stream) appendBody(chunk []byte, last bool) {
@@ -421,6 +424,12 @@ func (st *stream) appendBody(chunk []byte, last bool) {
 			return
 		}
 		st.buf = st.s.getBuf()
+		// The declared length sizes the buffer once, instead of growing it by doubling (and
+		// copying) as a prompt-sized body arrives chunk by chunk; up to preallocBodyBytes, so a
+		// declared length alone cannot make the server allocate much.
+		if n := min(st.hdr.declaredLength(), preallocBodyBytes, st.s.cfg.MaxRequestBodyBytes); n > int64(cap(*st.buf)) {
+			*st.buf = slices.Grow(*st.buf, int(n))
+		}
 		*st.buf = append(*st.buf, st.body...)
 	}
 	*st.buf = append(*st.buf, chunk...)
