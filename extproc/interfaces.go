@@ -103,6 +103,9 @@ type BodyMember struct {
 type TokenizedPrompt struct {
 	TokenIDs []uint32
 	MMItems  []picker.MMItem
+	// HashMemo, when non-nil, keeps the block hashes of a token prefix TokenIDs shares with earlier
+	// prompts (a continuing conversation), so the picker hashes only the rest (picker.Prompt.HashMemo).
+	HashMemo picker.BlockHashMemo
 }
 
 // Tokenizer error sentinels (epp.md §5.4, §8). Tokenizer implementations wrap them with %w.

@@ -129,6 +129,9 @@ func (l localTokenizer) TokenizePrompt(_ context.Context, call extproc.TokenizeC
 			return extproc.TokenizedPrompt{}, err
 		}
 		out := extproc.TokenizedPrompt{TokenIDs: p.TokenIDs}
+		if p.Memo != nil {
+			out.HashMemo = hashMemo{p.Memo}
+		}
 		if p.UncachedFrom < len(p.TokenIDs) {
 			out.MMItems = []picker.MMItem{{Start: p.UncachedFrom, End: len(p.TokenIDs), Hash: rand.Uint64()}}
 		}
@@ -153,4 +156,23 @@ func (l localTokenizer) request(call extproc.TokenizeCall) (*tokenizer.Request, 
 		ms[i] = tokenizer.Member{Key: m.Key, Value: m.Value, Elements: m.Elements}
 	}
 	return tokenizer.RequestFromMembers(ms)
+}
+
+// hashMemo adapts a conversation-cache prefix to picker.BlockHashMemo, so the block hashes of a
+// continuing conversation's cached prefix are computed once.
+type hashMemo struct{ m *tokenizer.PrefixMemo }
+
+var _ picker.BlockHashMemo = hashMemo{}
+
+// Tokens implements picker.BlockHashMemo.
+func (h hashMemo) Tokens() int { return h.m.Tokens() }
+
+// LoadBlockHashes implements picker.BlockHashMemo.
+func (h hashMemo) LoadBlockHashes(k picker.BlockHashKey) (local, seq []uint64) {
+	return h.m.LoadBlockHashes(k.BlockSize, k.Seed)
+}
+
+// StoreBlockHashes implements picker.BlockHashMemo.
+func (h hashMemo) StoreBlockHashes(k picker.BlockHashKey, local, seq []uint64) {
+	h.m.StoreBlockHashes(k.BlockSize, k.Seed, local, seq)
 }

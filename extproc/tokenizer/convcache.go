@@ -176,12 +176,22 @@ type convEntry struct {
 	// boundary must start with one).
 	pending, window string
 	afterToken      bool
-	// q is Q of the boundary message (what its render alone starts with), checked against the
-	// tail's render at a hit.
-	q          string
-	size       int64
-	prev, next *convEntry
+	size            int64
+	prev, next      *convEntry
+	// hashes are block hashes of ids kept for the picker (PrefixMemo), guarded by the cache's mu.
+	hashes []entryHashes
 }
+
+// entryHashes are the block hashes of an entry's ids for one hashing key.
+type entryHashes struct {
+	blockSize  uint32
+	seed       uint64
+	local, seq []uint64
+}
+
+// maxHashKeys bounds the hashing keys (block size, LoRA, cache namespace) an entry keeps hashes
+// for.
+const maxHashKeys = 4
 
 // convEntryOverhead approximates an entry's memory besides its key, ids and texts, bytes.
 const convEntryOverhead = 160
@@ -333,6 +343,9 @@ type convRequest struct {
 	hashes       []uint64
 	sig          []byte
 	end          *ending // the context's ending, once known
+	// longest and shorter are the entries for the longest and a shorter cached prefix of the
+	// request's prompt (the one made for it, the one it extended), for its PrefixMemo.
+	longest, shorter *convEntry
 }
 
 // cachedChat tokenizes a text-only chat request through the conversation cache: the ids of a
@@ -340,15 +353,15 @@ type convRequest struct {
 // handled false means the request is not for the cache (the caller tokenizes it as usual):
 // no proof for its template or tokenizer, continue_final_message, or images in its prompt.
 // Errors are the ones the from-scratch path returns.
-func (t *Tokenizer) cachedChat(in *chatInput, addSpecial bool, c *ConversationCache) ([]uint32, bool, error) {
+func (t *Tokenizer) cachedChat(in *chatInput, addSpecial bool, c *ConversationCache) ([]uint32, *PrefixMemo, bool, error) {
 	if t.chat == nil || t.model == nil || !t.prefixSafe || in.continueFinal || in.messagesRaw == nil {
 		c.bypassed.Add(1)
-		return nil, false, nil
+		return nil, nil, false, nil
 	}
 	tmpl, err := t.chat.pick(in.tools != nil)
 	if err != nil || tmpl.plan == nil {
 		c.bypassed.Add(1)
-		return nil, false, nil
+		return nil, nil, false, nil
 	}
 	r := &convRequest{t: t, c: c, tmpl: tmpl, in: in, addSpecial: addSpecial}
 	if in.messageElems != nil {
@@ -364,7 +377,7 @@ func (t *Tokenizer) cachedChat(in *chatInput, addSpecial bool, c *ConversationCa
 	}
 	if len(r.ends) == 0 {
 		c.bypassed.Add(1)
-		return nil, false, nil
+		return nil, nil, false, nil
 	}
 	r.keyHashes()
 	for k := len(r.ends) - 1; k >= 0; k-- {
@@ -374,17 +387,31 @@ func (t *Tokenizer) cachedChat(in *chatInput, addSpecial bool, c *ConversationCa
 		}
 		ids, ok, err := r.extend(e, k)
 		if err != nil {
-			return nil, true, err
+			return nil, nil, true, err
 		}
 		if ok {
 			c.hits.Add(1)
 			c.reused.Add(uint64(len(e.ids)))
-			return ids, true, nil
+			return ids, r.memo(), true, nil
 		}
+		r.longest, r.shorter = nil, nil
 		break // a check failed: tokenize from scratch
 	}
 	c.misses.Add(1)
-	return r.fromScratch()
+	ids, handled, err := r.fromScratch()
+	if !handled || err != nil {
+		return nil, nil, handled, err
+	}
+	return ids, r.memo(), true, nil
+}
+
+// memo is the request's view of the entries whose ids its prompt starts with (nil: none, or a
+// post-processor prefix before them).
+func (r *convRequest) memo() *PrefixMemo {
+	if r.longest == nil || (r.addSpecial && len(r.t.post.prefix) > 0) {
+		return nil
+	}
+	return &PrefixMemo{c: r.c, e: r.longest, parent: r.shorter}
 }
 
 // keyHashes builds the key signature — tokenizer, template, tools and chat_template_kwargs — and
@@ -558,6 +585,7 @@ func (r *convRequest) extend(e *convEntry, k int) ([]uint32, bool, error) {
 	if r.addSpecial {
 		ids = append(ids, r.t.post.suffix...)
 	}
+	r.longest = e
 	if j := r.lastBoundary(conv.arr, k); j > k {
 		// As from scratch, the boundary before the last one too: the next request may repeat
 		// this one's history with another last message.
@@ -567,7 +595,9 @@ func (r *convRequest) extend(e *convEntry, k int) ([]uint32, bool, error) {
 				parent = p
 			}
 		}
-		r.fill(j, conv.arr, k, text, marks, ids, pre, parent, e.window)
+		if n := r.fill(j, conv.arr, k, text, marks, ids, pre, parent, e.window); n != nil {
+			r.longest, r.shorter = n, e
+		}
 	}
 	return ids, true, nil
 }
@@ -607,7 +637,10 @@ func (r *convRequest) fromScratch() ([]uint32, bool, error) {
 			if j2 := r.lastBoundary(conv.arr[:j], 0); j2 >= 0 {
 				parent = r.fill(j2, conv.arr, 0, text, marks, ids, pre, nil, "")
 			}
-			r.fill(j, conv.arr, 0, text, marks, ids, pre, parent, "")
+			r.longest, r.shorter = r.fill(j, conv.arr, 0, text, marks, ids, pre, parent, ""), parent
+			if r.longest == nil {
+				r.longest, r.shorter = parent, nil
+			}
 		}
 	}
 	return ids, true, nil
@@ -674,4 +707,64 @@ func (r *convRequest) fill(j int, conv []*jval, base int, text string, marks []s
 	copy(e.keyDelta[n:], r.in.messagesRaw[start-len(r.sig):r.ends[j]])
 	r.c.put(e)
 	return e
+}
+
+// PrefixMemo is a request's access to the block hashes of the cached prefix its prompt starts
+// with (picker.BlockHashMemo, adapted by the caller): what one request of a conversation hashed,
+// the next reuses. Tokens() is that prefix's length; hashes are kept per block size and seed, at
+// most maxHashKeys each, counted in the cache's memory.
+type PrefixMemo struct {
+	c         *ConversationCache
+	e, parent *convEntry // the longest cached prefix of the prompt, and a shorter one (or nil)
+}
+
+// Tokens returns the length of the prompt's cached prefix, tokens.
+func (m *PrefixMemo) Tokens() int { return len(m.e.ids) }
+
+// LoadBlockHashes returns the local and sequence hashes known for the prefix's first blocks at
+// blockSize and seed (the longest prefix's, else the shorter one's), or nil.
+func (m *PrefixMemo) LoadBlockHashes(blockSize uint32, seed uint64) (local, seq []uint64) {
+	m.c.mu.Lock()
+	defer m.c.mu.Unlock()
+	for _, e := range []*convEntry{m.e, m.parent} {
+		if e == nil {
+			continue
+		}
+		for _, h := range e.hashes {
+			if h.blockSize == blockSize && h.seed == seed {
+				return h.local, h.seq
+			}
+		}
+	}
+	return nil, nil
+}
+
+// StoreBlockHashes keeps the hashes of the prefix's first len(local) blocks (local and seq of equal
+// length, not modified afterwards) for the longest prefix and, cut to its length, the shorter one.
+func (m *PrefixMemo) StoreBlockHashes(blockSize uint32, seed uint64, local, seq []uint64) {
+	if blockSize == 0 || len(local) != len(seq) {
+		return
+	}
+	m.c.mu.Lock()
+	defer m.c.mu.Unlock()
+	for _, e := range []*convEntry{m.e, m.parent} {
+		if e == nil || m.c.entries[e.hash] != e || len(e.hashes) >= maxHashKeys {
+			continue // evicted, or enough kept
+		}
+		n := min(len(local), len(e.ids)/int(blockSize))
+		known := false
+		for _, h := range e.hashes {
+			known = known || (h.blockSize == blockSize && h.seed == seed && len(h.local) >= n)
+		}
+		if known || n == 0 {
+			continue
+		}
+		e.hashes = append(e.hashes, entryHashes{blockSize: blockSize, seed: seed, local: local[:n:n], seq: seq[:n:n]})
+		e.size += int64(16 * n)
+		m.c.bytes += int64(16 * n)
+	}
+	for m.c.bytes > m.c.maxBytes && m.c.tail != nil {
+		m.c.remove(m.c.tail)
+		m.c.evictions.Add(1)
+	}
 }

@@ -579,3 +579,48 @@ func TestConversationCacheRefusesUnsafeJunctions(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixMemoCarriesBlockHashesAcrossTurns: a request's memo stands for a prefix of its ids;
+// hashes stored by one turn are loaded by the next (from the prefix it extends), and they count in
+// the cache's memory.
+func TestPrefixMemoCarriesBlockHashesAcrossTurns(t *testing.T) {
+	tk := qwen3(t)
+	c := NewConversationCache(64 << 20)
+	prompt := func(turns int) ChatPrompt {
+		r, err := ParseRequest(benchbody.Conversation("m", turns, 3000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := tk.ChatPromptFor(r, ChatOptions{Cache: c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Memo == nil || p.Memo.Tokens() <= 0 || p.Memo.Tokens() > len(p.TokenIDs) {
+			t.Fatalf("turn %d: memo %+v for %d ids", turns, p.Memo, len(p.TokenIDs))
+		}
+		return p
+	}
+	p1 := prompt(2)
+	n := p1.Memo.Tokens() / 16
+	local, seq := make([]uint64, n), make([]uint64, n)
+	for i := range local {
+		local[i], seq[i] = uint64(i+1), uint64(1000+i)
+	}
+	before := c.Stats().Bytes
+	p1.Memo.StoreBlockHashes(16, 7, local, seq)
+	// The turn's own prefix keeps all n blocks, the shorter prefix it filled too its first ones.
+	if got := c.Stats().Bytes - before; got < int64(16*n) || got >= int64(32*n) {
+		t.Fatalf("storing %d blocks' hashes added %d bytes, want 16 per block kept", n, got)
+	}
+	p2 := prompt(3)
+	if p2.Memo.Tokens() <= p1.Memo.Tokens() {
+		t.Fatalf("turn 3's prefix (%d tokens) is not longer than turn 2's (%d)", p2.Memo.Tokens(), p1.Memo.Tokens())
+	}
+	gl, gs := p2.Memo.LoadBlockHashes(16, 7)
+	if !slices.Equal(gl, local) || !slices.Equal(gs, seq) {
+		t.Fatalf("turn 3 loads %d hashes, want turn 2's %d", len(gl), len(local))
+	}
+	if l, _ := p2.Memo.LoadBlockHashes(16, 8); l != nil {
+		t.Fatal("hashes of another seed returned")
+	}
+}

@@ -37,6 +37,9 @@ const backOffTokens = 4
 type ChatPrompt struct {
 	TokenIDs     []uint32
 	UncachedFrom int
+	// Memo, when non-nil, keeps the block hashes of the cached conversation prefix TokenIDs starts
+	// with (ChatOptions.Cache); TokenIDs may then share memory with the cache: do not modify it.
+	Memo *PrefixMemo
 }
 
 // TokenizeChatPrompt tokenizes a chat completions body for routing. A text-only request gives
@@ -73,12 +76,12 @@ func (t *Tokenizer) ChatPromptFor(r *Request, o ChatOptions) (ChatPrompt, error)
 	}
 	in.images = imagesAsSentinels
 	if o.Cache != nil {
-		ids, handled, err := t.cachedChat(in, addSpecial, o.Cache)
+		ids, memo, handled, err := t.cachedChat(in, addSpecial, o.Cache)
 		if err != nil {
 			return ChatPrompt{}, err
 		}
 		if handled {
-			return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids)}, nil
+			return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids), Memo: memo}, nil
 		}
 	}
 	imageTokens := o.ImageTokens
