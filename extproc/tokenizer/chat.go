@@ -335,7 +335,7 @@ func conversation(messages []*jval, first int, openAI bool, images imageMode) (*
 		if role == nil || role.kind != jString {
 			return nil, badRequest("messages[%d].role is %s, want a string", i, role.typeName())
 		}
-		cparts, err := contentParts(m.get("content"), fmt.Sprintf("messages[%d].content", i), images)
+		cparts, err := contentParts(m.get("content"), i, images)
 		if err != nil {
 			return nil, err
 		}
@@ -418,10 +418,11 @@ type contentPart struct {
 // imagePartTypes are the content part types vLLM accepts as images.
 var imagePartTypes = map[string]bool{"image_url": true, "input_image": true, "image_pil": true, "image_embeds": true}
 
-// contentParts returns the parts of a message content (string, null or parts). Empty texts are
+// contentParts returns the parts of message msg's content (string, null or parts). Empty texts are
 // kept, as vLLM keeps them ("a", "", "b" joins to "a\n\nb"). Image parts are refused (400) when
 // images is imagesRefused, else returned as image parts.
-func contentParts(c *jval, where string, images imageMode) ([]contentPart, error) {
+func contentParts(c *jval, msg int, images imageMode) ([]contentPart, error) {
+	where := func() string { return fmt.Sprintf("messages[%d].content", msg) } // only for errors
 	if c == nil || c.kind == jNull {
 		return nil, nil
 	}
@@ -436,14 +437,14 @@ func contentParts(c *jval, where string, images imageMode) ([]contentPart, error
 				continue
 			}
 			if p.kind != jObject {
-				return nil, badRequest("%s[%d] is %s, want an object", where, k, p.typeName())
+				return nil, badRequest("%s[%d] is %s, want an object", where(), k, p.typeName())
 			}
 			typ := p.get("type")
 			field := ""
 			switch {
 			case typ != nil && typ.kind == jString && imagePartTypes[typ.s]:
 				if images == imagesRefused {
-					return nil, badRequest("%s[%d] has type %q: kvepp cannot tokenize images exactly (requests with images are routed by the text before the first image)", where, k, typ.s)
+					return nil, badRequest("%s[%d] has type %q: kvepp cannot tokenize images exactly (requests with images are routed by the text before the first image)", where(), k, typ.s)
 				}
 				parts = append(parts, contentPart{image: true})
 				continue
@@ -452,26 +453,26 @@ func contentParts(c *jval, where string, images imageMode) ([]contentPart, error
 				if !ok {
 					// vLLM answers 400 for a part a text-only model cannot take (input_audio,
 					// video_url, file …) and for unknown types alike.
-					return nil, badRequest("%s[%d] has type %q: only text and image content parts are accepted (text, input_text, output_text, refusal, thinking, image_url, input_image)", where, k, typ.s)
+					return nil, badRequest("%s[%d] has type %q: only text and image content parts are accepted (text, input_text, output_text, refusal, thinking, image_url, input_image)", where(), k, typ.s)
 				}
 				field = f
 			case typ == nil && p.get("text") != nil:
 				field = "text"
 			default:
-				return nil, badRequest("%s[%d] has no valid type", where, k)
+				return nil, badRequest("%s[%d] has no valid type", where(), k)
 			}
 			tx := p.get(field)
 			if tx == nil || tx.kind == jNull {
 				continue
 			}
 			if tx.kind != jString {
-				return nil, badRequest("%s[%d].%s is %s, want a string", where, k, field, tx.typeName())
+				return nil, badRequest("%s[%d].%s is %s, want a string", where(), k, field, tx.typeName())
 			}
 			parts = append(parts, contentPart{text: tx.s})
 		}
 		return parts, nil
 	}
-	return nil, badRequest("%s is %s, want a string, null or an array of parts", where, c.typeName())
+	return nil, badRequest("%s is %s, want a string, null or an array of parts", where(), c.typeName())
 }
 
 // parseToolArguments applies vLLM's _postprocess_messages: a tool call's function.arguments
