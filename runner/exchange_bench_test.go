@@ -3,9 +3,7 @@ package runner
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -42,9 +40,6 @@ func BenchmarkExchange(b *testing.B) {
 		}{fmt.Sprintf("conv-%d-turns", turns), benchbody.Conversation(e2eModel, turns, benchbody.DefaultTurnBytes), ""})
 	}
 	cfg := loopbackConfig(b)
-	if v := os.Getenv("ZZ_CACHE"); v != "" {
-		cfg.ConversationCacheBytes, _ = strconv.ParseInt(v, 10, 64)
-	}
 	inst := startInstance(b, cfg)
 	ctx := context.Background()
 	for id := uint64(1); id <= 3; id++ {
