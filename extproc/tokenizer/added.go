@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"sort"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -23,6 +24,9 @@ type addedToken struct {
 type addedMatcher struct {
 	byFirst [256][]*addedToken // candidates by first byte, longest first
 	any     bool
+	// first is the one byte every token starts with, when they share one (e.g. '<' for
+	// "<|im_start|>", "<s>"): next then skips to it with a vectorised search. -1 otherwise.
+	first int
 }
 
 func newAddedMatcher(toks []*addedToken, content func(*addedToken) string) *addedMatcher {
@@ -40,6 +44,18 @@ func newAddedMatcher(toks []*addedToken, content func(*addedToken) string) *adde
 		es = append(es, entry{t, c})
 	}
 	sort.SliceStable(es, func(i, j int) bool { return len(es[i].c) > len(es[j].c) })
+	m.first = -1
+	for i, e := range es {
+		switch {
+		case i == 0:
+			m.first = int(e.c[0])
+		case m.first != int(e.c[0]):
+			m.first = -2
+		}
+	}
+	if m.first < 0 {
+		m.first = -1
+	}
 	for _, e := range es {
 		tok := *e.t
 		tok.content = e.c
@@ -58,6 +74,21 @@ type segment struct {
 // next returns the leftmost-longest match at or after from as (start, end, token), or a nil
 // token when there is none.
 func (m *addedMatcher) next(s string, from int) (int, int, *addedToken) {
+	if m.first >= 0 {
+		for i := from; i < len(s); i++ {
+			k := strings.IndexByte(s[i:], byte(m.first))
+			if k < 0 {
+				break
+			}
+			i += k
+			for _, t := range m.byFirst[s[i]] {
+				if len(s)-i >= len(t.content) && s[i:i+len(t.content)] == t.content {
+					return i, i + len(t.content), t
+				}
+			}
+		}
+		return -1, -1, nil
+	}
 	for i := from; i < len(s); i++ {
 		cands := m.byFirst[s[i]]
 		if len(cands) == 0 {

@@ -226,6 +226,7 @@ func (m *bpeModel) mergeHeap(syms []uint32) []uint32 {
 // of at most maxCachedPiece bytes.
 type pieceCache struct {
 	seed  maphash.Seed
+	key   uint64 // per-process key of the inline hash
 	slots []atomic.Pointer[pieceEntry]
 }
 
@@ -241,11 +242,40 @@ const (
 )
 
 func newPieceCache() *pieceCache {
-	return &pieceCache{seed: maphash.MakeSeed(), slots: make([]atomic.Pointer[pieceEntry], pieceSlots)}
+	seed := maphash.MakeSeed()
+	return &pieceCache{seed: seed, key: maphash.String(seed, "piece"), slots: make([]atomic.Pointer[pieceEntry], pieceSlots)}
+}
+
+// hash hashes a piece: pieces are mostly words of up to 16 bytes, hashed inline from two
+// (overlapping) loads, which costs a fraction of a maphash call; longer ones go through maphash.
+func (c *pieceCache) hash(s string) uint64 {
+	n := len(s)
+	var a, b uint64
+	switch {
+	case n > 16:
+		return maphash.String(c.seed, s)
+	case n >= 8:
+		a, b = load64(s, 0), load64(s, n-8)
+	case n >= 4:
+		a, b = uint64(load32(s, 0)), uint64(load32(s, n-4))
+	case n > 0:
+		a = uint64(s[0])<<16 | uint64(s[n>>1])<<8 | uint64(s[n-1])
+	}
+	h := (a^c.key)*0x9E3779B97F4A7C15 ^ (b+uint64(n))*0xC2B2AE3D27D4EB4F
+	return h ^ h>>29
+}
+
+func load64(s string, i int) uint64 {
+	return uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+		uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+}
+
+func load32(s string, i int) uint32 {
+	return uint32(s[i]) | uint32(s[i+1])<<8 | uint32(s[i+2])<<16 | uint32(s[i+3])<<24
 }
 
 func (c *pieceCache) get(s string) ([]uint32, bool) {
-	i := maphash.String(c.seed, s) & (pieceSlots - 1)
+	i := c.hash(s) & (pieceSlots - 1)
 	if e := c.slots[i].Load(); e != nil && e.piece == s {
 		return e.ids, true
 	}
@@ -259,7 +289,7 @@ func (c *pieceCache) put(s string, ids []uint32) {
 	if len(s) > maxCachedPiece {
 		return
 	}
-	h := maphash.String(c.seed, s)
+	h := c.hash(s)
 	i := h & (pieceSlots - 1)
 	e := &pieceEntry{piece: strings.Clone(s), ids: ids} // detached from the caller's (possibly large) text
 	switch {
