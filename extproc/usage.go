@@ -233,22 +233,20 @@ func (p *UsageParser) mergeUsage(v []byte) {
 		return
 	}
 	var prompt, completion, total, input, output, promptDetails, inputDetails []byte
+	fields := [...]struct {
+		name string
+		dst  *[]byte
+	}{
+		{"prompt_tokens", &prompt}, {"completion_tokens", &completion}, {"total_tokens", &total},
+		{"input_tokens", &input}, {"output_tokens", &output},
+		{"prompt_tokens_details", &promptDetails}, {"input_tokens_details", &inputDetails},
+	}
 	if !objectMembers(v, func(key, val []byte) {
-		switch {
-		case fieldIs(key, "prompt_tokens"):
-			prompt = val
-		case fieldIs(key, "completion_tokens"):
-			completion = val
-		case fieldIs(key, "total_tokens"):
-			total = val
-		case fieldIs(key, "input_tokens"):
-			input = val
-		case fieldIs(key, "output_tokens"):
-			output = val
-		case fieldIs(key, "prompt_tokens_details"):
-			promptDetails = val
-		case fieldIs(key, "input_tokens_details"):
-			inputDetails = val
+		for _, f := range fields {
+			if fieldIs(key, f.name) {
+				*f.dst = val
+				return
+			}
 		}
 	}) {
 		return

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"bytes"
+	"container/list"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -147,10 +148,10 @@ type ConversationCache struct {
 	maxBytes int64
 	seed     maphash.Seed
 
-	mu         sync.Mutex
-	entries    map[uint64]*convEntry
-	head, tail *convEntry // most and least recently used
-	bytes      int64
+	mu      sync.Mutex
+	entries map[uint64]*convEntry
+	lru     list.List // of *convEntry, most recently used first
+	bytes   int64
 
 	hits, misses, bypassed, evictions, reused atomic.Uint64
 
@@ -177,7 +178,7 @@ type convEntry struct {
 	pending, window string
 	afterToken      bool
 	size            int64
-	prev, next      *convEntry
+	elem            *list.Element // in the cache's lru
 	// hashes are block hashes of ids kept for the picker (PrefixMemo), guarded by the cache's mu.
 	hashes []entryHashes
 }
@@ -233,8 +234,7 @@ func (c *ConversationCache) get(h uint64, sig, prefix []byte) *convEntry {
 	if e == nil || e.keyLen != len(sig)+len(prefix) || !e.keyEquals(sig, prefix) {
 		return nil
 	}
-	c.unlink(e)
-	c.pushFront(e)
+	c.lru.MoveToFront(e.elem)
 	return e
 }
 
@@ -254,10 +254,15 @@ func (c *ConversationCache) put(e *convEntry) {
 		c.remove(old)
 	}
 	c.entries[e.hash] = e
-	c.pushFront(e)
+	e.elem = c.lru.PushFront(e)
 	c.bytes += e.size
-	for c.bytes > c.maxBytes && c.tail != nil {
-		c.remove(c.tail)
+	c.evict()
+}
+
+// evict drops least recently used entries until the cache is within its bound (c.mu held).
+func (c *ConversationCache) evict() {
+	for c.bytes > c.maxBytes && c.lru.Len() > 0 {
+		c.remove(c.lru.Back().Value.(*convEntry))
 		c.evictions.Add(1)
 	}
 }
@@ -300,34 +305,9 @@ func (e *convEntry) flatKey() []byte {
 }
 
 func (c *ConversationCache) remove(e *convEntry) {
-	c.unlink(e)
+	c.lru.Remove(e.elem)
 	delete(c.entries, e.hash)
 	c.bytes -= e.size
-}
-
-func (c *ConversationCache) unlink(e *convEntry) {
-	if e.prev != nil {
-		e.prev.next = e.next
-	} else if c.head == e {
-		c.head = e.next
-	}
-	if e.next != nil {
-		e.next.prev = e.prev
-	} else if c.tail == e {
-		c.tail = e.prev
-	}
-	e.prev, e.next = nil, nil
-}
-
-func (c *ConversationCache) pushFront(e *convEntry) {
-	e.next = c.head
-	if c.head != nil {
-		c.head.prev = e
-	}
-	c.head = e
-	if c.tail == nil {
-		c.tail = e
-	}
 }
 
 // convRequest is one chat request on the cached path.
@@ -763,8 +743,5 @@ func (m *PrefixMemo) StoreBlockHashes(blockSize uint32, seed uint64, local, seq 
 		e.size += int64(16 * n)
 		m.c.bytes += int64(16 * n)
 	}
-	for m.c.bytes > m.c.maxBytes && m.c.tail != nil {
-		m.c.remove(m.c.tail)
-		m.c.evictions.Add(1)
-	}
+	m.c.evict()
 }

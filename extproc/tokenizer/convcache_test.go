@@ -24,22 +24,8 @@ type convPair struct {
 // withTemplate returns a copy of tk rendering the family template file with its special tokens.
 func withTemplate(t testing.TB, tk *Tokenizer, file string, special map[string]string) *Tokenizer {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join("testdata", "templates", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := map[string]any{"chat_template": string(src)}
-	for k, v := range special {
-		cfg[k] = v
-	}
-	data, _ := json.Marshal(cfg)
-	cc, err := parseChatConfig(data, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp := &Tokenizer{model: tk.model, addedRaw: tk.addedRaw, addedNorm: tk.addedNorm, norm: tk.norm, pre: tk.pre,
-		post: tk.post, cache: tk.cache, chat: cc, cacheID: cacheIDs.Add(1), prefixSafe: tk.prefixSafe}
-	return cp
+	return &Tokenizer{model: tk.model, addedRaw: tk.addedRaw, addedNorm: tk.addedNorm, norm: tk.norm, pre: tk.pre,
+		post: tk.post, cache: tk.cache, chat: familyChatConfig(t, file, special), cacheID: cacheIDs.Add(1), prefixSafe: tk.prefixSafe}
 }
 
 var (
@@ -384,8 +370,8 @@ func TestConversationCacheStaysWithinItsBound(t *testing.T) {
 	var sum int64
 	c.mu.Lock()
 	n := 0
-	for e := c.head; e != nil; e = e.next {
-		sum += e.size
+	for el := c.lru.Front(); el != nil; el = el.Next() {
+		sum += el.Value.(*convEntry).size
 		n++
 	}
 	c.mu.Unlock()

@@ -153,6 +153,28 @@ func (r *Request) optBool(key string, def bool) (bool, bool, error) {
 	}
 }
 
+// optContainer decodes the optional member key, which must be an array (open '[') or an object
+// ('{') when present and not null; it returns the value and its raw JSON (nil, nil when absent or
+// null) or a *RequestError naming the member.
+func (r *Request) optContainer(key string, open byte) (*jval, []byte, error) {
+	raw := r.get(key)
+	if raw == nil || raw[0] == 'n' {
+		return nil, nil, nil
+	}
+	if raw[0] != open {
+		want := "an object"
+		if open == '[' {
+			want = "an array"
+		}
+		return nil, nil, badRequest("%s is %s, want %s", key, jsonscan.TypeName(raw), want)
+	}
+	v, err := decodeOrdered(raw)
+	if err != nil {
+		return nil, nil, &RequestError{Msg: key + " is not valid JSON", Err: err}
+	}
+	return v, raw, nil
+}
+
 // chatInputFromRequest extracts the template inputs of a chat completions request (epp.md §5.4):
 // the messages are checked to be an array but decoded later (chatInput.decodeMessages), so a
 // conversation-cache hit decodes only its new messages.
@@ -166,25 +188,12 @@ func chatInputFromRequest(r *Request) (*chatInput, bool, error) {
 		return nil, false, badRequest("messages is %s, want an array", jsonscan.TypeName(msgs))
 	}
 	in := &chatInput{messagesRaw: msgs, messageElems: elems}
-	if tools := r.get("tools"); tools != nil && tools[0] != 'n' {
-		if tools[0] != '[' {
-			return nil, false, badRequest("tools is %s, want an array", jsonscan.TypeName(tools))
-		}
-		v, err := decodeOrdered(tools)
-		if err != nil {
-			return nil, false, &RequestError{Msg: "tools is not valid JSON", Err: err}
-		}
-		in.tools, in.toolsRaw = v, tools
+	var err error
+	if in.tools, in.toolsRaw, err = r.optContainer("tools", '['); err != nil {
+		return nil, false, err
 	}
-	if kw := r.get("chat_template_kwargs"); kw != nil && kw[0] != 'n' {
-		if kw[0] != '{' {
-			return nil, false, badRequest("chat_template_kwargs is %s, want an object", jsonscan.TypeName(kw))
-		}
-		v, err := decodeOrdered(kw)
-		if err != nil {
-			return nil, false, &RequestError{Msg: "chat_template_kwargs is not valid JSON", Err: err}
-		}
-		in.kwargs, in.kwargsRaw = v, kw
+	if in.kwargs, in.kwargsRaw, err = r.optContainer("chat_template_kwargs", '{'); err != nil {
+		return nil, false, err
 	}
 	agp, agpSet, err := r.optBool("add_generation_prompt", true)
 	if err != nil {

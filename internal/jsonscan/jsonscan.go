@@ -61,62 +61,12 @@ func ValidValue(b []byte, i, depth int) (int, bool) {
 		if depth >= MaxDepth {
 			return i, false
 		}
-		i = SkipSpace(b, i+1)
-		if i < len(b) && b[i] == '}' {
-			return i + 1, true
-		}
-		for {
-			if i >= len(b) || b[i] != '"' {
-				return i, false
-			}
-			var ok bool
-			if i, ok = ValidString(b, i); !ok {
-				return i, false
-			}
-			i = SkipSpace(b, i)
-			if i >= len(b) || b[i] != ':' {
-				return i, false
-			}
-			if i, ok = ValidValue(b, SkipSpace(b, i+1), depth+1); !ok {
-				return i, false
-			}
-			i = SkipSpace(b, i)
-			if i >= len(b) {
-				return i, false
-			}
-			if b[i] == '}' {
-				return i + 1, true
-			}
-			if b[i] != ',' {
-				return i, false
-			}
-			i = SkipSpace(b, i+1)
-		}
+		return validObject(b, i, depth, nil)
 	case c == '[':
 		if depth >= MaxDepth {
 			return i, false
 		}
-		i = SkipSpace(b, i+1)
-		if i < len(b) && b[i] == ']' {
-			return i + 1, true
-		}
-		for {
-			var ok bool
-			if i, ok = ValidValue(b, i, depth+1); !ok {
-				return i, false
-			}
-			i = SkipSpace(b, i)
-			if i >= len(b) {
-				return i, false
-			}
-			if b[i] == ']' {
-				return i + 1, true
-			}
-			if b[i] != ',' {
-				return i, false
-			}
-			i = SkipSpace(b, i+1)
-		}
+		return validArray(b, i, depth, nil)
 	case c == '-' || (c >= '0' && c <= '9'):
 		return validNumber(b, i)
 	case c == 't':
@@ -292,9 +242,9 @@ func ObjectElements(body []byte, arrayKey string, elements *[][2]int, member fun
 	return err
 }
 
-// validArray is ValidValue for the array at b[i] == '[' nested at depth 1, appending the spans of
-// its elements to *spans.
-func validArray(b []byte, i int, spans *[][2]int) (int, bool) {
+// validArray checks the array at b[i] == '[' nested at depth (below MaxDepth), appending the
+// spans of its elements to *spans when spans is not nil.
+func validArray(b []byte, i, depth int, spans *[][2]int) (int, bool) {
 	i = SkipSpace(b, i+1)
 	if i < len(b) && b[i] == ']' {
 		return i + 1, true
@@ -302,10 +252,12 @@ func validArray(b []byte, i int, spans *[][2]int) (int, bool) {
 	for {
 		start := i
 		var ok bool
-		if i, ok = ValidValue(b, i, 2); !ok {
+		if i, ok = ValidValue(b, i, depth+1); !ok {
 			return i, false
 		}
-		*spans = append(*spans, [2]int{start, i})
+		if spans != nil {
+			*spans = append(*spans, [2]int{start, i})
+		}
 		i = SkipSpace(b, i)
 		if i >= len(b) {
 			return i, false
@@ -328,59 +280,76 @@ func object(body []byte, arrayKey string, elements *[][2]int, member func(key []
 		}
 		return ErrNotJSON
 	}
-	i = SkipSpace(body, i+1)
-	if i < len(body) && body[i] == '}' {
-		i++
-	} else {
-		for {
-			if i >= len(body) || body[i] != '"' {
-				return ErrNotJSON
-			}
-			keyStart := i
-			keyEnd, ok := ValidString(body, i)
-			if !ok {
-				return ErrNotJSON
-			}
-			i = SkipSpace(body, keyEnd)
-			if i >= len(body) || body[i] != ':' {
-				return ErrNotJSON
-			}
-			key := body[keyStart+1 : keyEnd-1]
-			if bytes.IndexByte(key, '\\') >= 0 {
-				var k string
-				_ = json.Unmarshal(body[keyStart:keyEnd], &k) // valid (ValidString), so this cannot fail
-				key = []byte(k)
-			}
-			vs := SkipSpace(body, i+1)
-			var ve int
-			if elements != nil && vs < len(body) && body[vs] == '[' && string(key) == arrayKey {
-				*elements = (*elements)[:0]
-				ve, ok = validArray(body, vs, elements)
-			} else {
-				ve, ok = ValidValue(body, vs, 1)
-			}
-			if !ok {
-				return ErrNotJSON
-			}
-			member(key, vs, ve)
-			i = SkipSpace(body, ve)
-			if i >= len(body) {
-				return ErrNotJSON
-			}
-			if body[i] == '}' {
-				i++
-				break
-			}
-			if body[i] != ',' {
-				return ErrNotJSON
-			}
-			i = SkipSpace(body, i+1)
-		}
-	}
-	if SkipSpace(body, i) != len(body) {
+	end, ok := validObject(body, i, 0, &memberHook{arrayKey: arrayKey, elements: elements, member: member})
+	if !ok || SkipSpace(body, end) != len(body) {
 		return ErrNotJSON
 	}
 	return nil
+}
+
+// memberHook is what the top-level object of ObjectElements reports: each member, and the
+// elements of the array member named arrayKey.
+type memberHook struct {
+	arrayKey string
+	elements *[][2]int
+	member   func(key []byte, start, end int)
+}
+
+// validObject checks the object at b[i] == '{' nested at depth (below MaxDepth) and returns the
+// offset past it; with a hook, each member is reported (key unescaped) as it is validated.
+func validObject(b []byte, i, depth int, hook *memberHook) (int, bool) {
+	i = SkipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1, true
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return i, false
+		}
+		keyStart := i
+		keyEnd, ok := ValidString(b, i)
+		if !ok {
+			return i, false
+		}
+		i = SkipSpace(b, keyEnd)
+		if i >= len(b) || b[i] != ':' {
+			return i, false
+		}
+		vs := SkipSpace(b, i+1)
+		var key []byte
+		if hook != nil {
+			key = b[keyStart+1 : keyEnd-1]
+			if bytes.IndexByte(key, '\\') >= 0 {
+				var k string
+				_ = json.Unmarshal(b[keyStart:keyEnd], &k) // valid (ValidString), so this cannot fail
+				key = []byte(k)
+			}
+		}
+		var ve int
+		if hook != nil && hook.elements != nil && vs < len(b) && b[vs] == '[' && string(key) == hook.arrayKey {
+			*hook.elements = (*hook.elements)[:0]
+			ve, ok = validArray(b, vs, depth+1, hook.elements)
+		} else {
+			ve, ok = ValidValue(b, vs, depth+1)
+		}
+		if !ok {
+			return ve, false
+		}
+		if hook != nil {
+			hook.member(key, vs, ve)
+		}
+		i = SkipSpace(b, ve)
+		if i >= len(b) {
+			return i, false
+		}
+		if b[i] == '}' {
+			return i + 1, true
+		}
+		if b[i] != ',' {
+			return i, false
+		}
+		i = SkipSpace(b, i+1)
+	}
 }
 
 // SkipString returns the offset just past the string starting at b[i] == '"'. b must be valid
