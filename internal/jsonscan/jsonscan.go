@@ -61,7 +61,7 @@ func ValidValue(b []byte, i, depth int) (int, bool) {
 		if depth >= MaxDepth {
 			return i, false
 		}
-		return validObject(b, i, depth, nil)
+		return validObject(b, i, depth, memberHook{})
 	case c == '[':
 		if depth >= MaxDepth {
 			return i, false
@@ -280,7 +280,7 @@ func object(body []byte, arrayKey string, elements *[][2]int, member func(key []
 		}
 		return ErrNotJSON
 	}
-	end, ok := validObject(body, i, 0, &memberHook{arrayKey: arrayKey, elements: elements, member: member})
+	end, ok := validObject(body, i, 0, memberHook{arrayKey: arrayKey, elements: elements, member: member})
 	if !ok || SkipSpace(body, end) != len(body) {
 		return ErrNotJSON
 	}
@@ -288,7 +288,7 @@ func object(body []byte, arrayKey string, elements *[][2]int, member func(key []
 }
 
 // memberHook is what the top-level object of ObjectElements reports: each member, and the
-// elements of the array member named arrayKey.
+// elements of the array member named arrayKey. The zero hook reports nothing.
 type memberHook struct {
 	arrayKey string
 	elements *[][2]int
@@ -297,7 +297,7 @@ type memberHook struct {
 
 // validObject checks the object at b[i] == '{' nested at depth (below MaxDepth) and returns the
 // offset past it; with a hook, each member is reported (key unescaped) as it is validated.
-func validObject(b []byte, i, depth int, hook *memberHook) (int, bool) {
+func validObject(b []byte, i, depth int, hook memberHook) (int, bool) {
 	i = SkipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		return i + 1, true
@@ -317,7 +317,7 @@ func validObject(b []byte, i, depth int, hook *memberHook) (int, bool) {
 		}
 		vs := SkipSpace(b, i+1)
 		var key []byte
-		if hook != nil {
+		if hook.member != nil {
 			key = b[keyStart+1 : keyEnd-1]
 			if bytes.IndexByte(key, '\\') >= 0 {
 				var k string
@@ -326,7 +326,7 @@ func validObject(b []byte, i, depth int, hook *memberHook) (int, bool) {
 			}
 		}
 		var ve int
-		if hook != nil && hook.elements != nil && vs < len(b) && b[vs] == '[' && string(key) == hook.arrayKey {
+		if hook.elements != nil && vs < len(b) && b[vs] == '[' && string(key) == hook.arrayKey {
 			*hook.elements = (*hook.elements)[:0]
 			ve, ok = validArray(b, vs, depth+1, hook.elements)
 		} else {
@@ -335,7 +335,7 @@ func validObject(b []byte, i, depth int, hook *memberHook) (int, bool) {
 		if !ok {
 			return ve, false
 		}
-		if hook != nil {
+		if hook.member != nil {
 			hook.member(key, vs, ve)
 		}
 		i = SkipSpace(b, ve)
