@@ -124,8 +124,10 @@ func memoBlockHashes(memo BlockHashMemo, tokens []uint32, bs uint32, seed uint64
 	} else {
 		seq = kvindex.AppendSequenceHashes(seq, local)
 	}
-	if known < memoBlocks { // copies: the memo keeps them, the request's own may change
-		memo.StoreBlockHashes(key, slices.Clone(local[:memoBlocks]), slices.Clone(seq[:memoBlocks]))
+	if known < memoBlocks {
+		// The memo keeps these slices: nothing writes to a prompt's hashes once computed (they are
+		// looked up, recorded and booked), and the cap stops an append from reaching them.
+		memo.StoreBlockHashes(key, slices.Clip(local[:memoBlocks]), slices.Clip(seq[:memoBlocks]))
 	}
 	return local, seq
 }
