@@ -182,6 +182,8 @@ type stream struct {
 	trailers bool    // the request ended with trailers
 	md       map[string]*structpb.Struct
 	eosAt    time.Time
+	// hashMemo is the tokenizer's block-hash memo of the prompt (TokenizedPrompt.HashMemo).
+	hashMemo picker.BlockHashMemo
 
 	reqStream bool // the request body had "stream": true
 	loadOnly  bool
@@ -560,7 +562,7 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 	if err != nil {
 		return decision{}, err
 	}
-	tokens, mmItems, memo, err := st.tokenize(kind, partition, plain, pb.members, src)
+	tokens, mmItems, err := st.tokenize(kind, partition, plain, pb.members, src)
 	if err != nil {
 		return decision{}, err
 	}
@@ -573,7 +575,7 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 			MMItems:   mmItems,
 			LoraName:  lora,
 			CacheSalt: namespace,
-			HashMemo:  memo,
+			HashMemo:  st.hashMemo,
 		},
 		ExpectedOutputTokens: hints.osl,
 		PriorityJump:         st.priority(hints),
@@ -778,27 +780,28 @@ func (st *stream) strictPriority(h agentHints) uint32 {
 	return 0
 }
 
-// tokenize returns the prompt's token ids and multimodal items (epp.md §5.4). Token prompts are
-// used directly. members are body's top-level members as parseBody found them, for a
-// PromptTokenizer that reads them instead of parsing the body again.
-func (st *stream) tokenize(kind requestKind, model string, body []byte, members []BodyMember, src promptSource) (tokens []uint32, mm []picker.MMItem, memo picker.BlockHashMemo, err error) {
+// tokenize returns the prompt's token ids and multimodal items (epp.md §5.4), and keeps the
+// tokenizer's hash memo in st.hashMemo. Token prompts are used directly. members are body's
+// top-level members as parseBody found them, for a PromptTokenizer that reads them instead of
+// parsing the body again.
+func (st *stream) tokenize(kind requestKind, model string, body []byte, members []BodyMember, src promptSource) (tokens []uint32, mm []picker.MMItem, err error) {
 	if src.tokens != nil {
 		if len(src.tokens) == 0 {
-			return nil, nil, nil, errEmptyTokens
+			return nil, nil, errEmptyTokens
 		}
-		return src.tokens, nil, nil, nil
+		return src.tokens, nil, nil
 	}
 	t, err := st.s.cfg.Tokenizers.ForModel(model)
 	if err != nil {
 		if picker.KindOf(err) != picker.KindInternal {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
-		return nil, nil, nil, &picker.Error{Kind: picker.KindInternal, Message: fmt.Sprintf("no tokenizer for model %q: %v", model, err), Err: err}
+		return nil, nil, &picker.Error{Kind: picker.KindInternal, Message: fmt.Sprintf("no tokenizer for model %q: %v", model, err), Err: err}
 	}
 	start := time.Now()
 	defer func() {
 		if r := recover(); r != nil {
-			tokens, mm, memo, err = nil, nil, nil, picker.Errorf(picker.KindInternal, "tokenizer panicked: %v", r)
+			tokens, mm, err = nil, nil, picker.Errorf(picker.KindInternal, "tokenizer panicked: %v", r)
 		}
 		st.s.metrics.tokenizeDuration.Observe(time.Since(start).Seconds())
 	}()
@@ -812,7 +815,7 @@ func (st *stream) tokenize(kind requestKind, model string, body []byte, members 
 		}
 		var p TokenizedPrompt
 		p, err = pt.TokenizePrompt(st.ctx, TokenizeCall{Kind: pk, Body: body, RequestID: st.requestID(), Members: members})
-		tokens, mm, memo = p.TokenIDs, p.MMItems, p.HashMemo
+		tokens, mm, st.hashMemo = p.TokenIDs, p.MMItems, p.HashMemo
 	} else {
 		switch kind {
 		case kindChat:
@@ -825,19 +828,19 @@ func (st *stream) tokenize(kind requestKind, model string, body []byte, members 
 	}
 	if err != nil {
 		if st.ctx.Err() != nil && errors.Is(err, st.ctx.Err()) {
-			return nil, nil, nil, err // the stream ended while the tokenizer was called
+			return nil, nil, err // the stream ended while the tokenizer was called
 		}
 		k := ClassifyTokenizerError(err)
 		msg := err.Error()
 		if k != picker.KindBadRequest {
 			msg = "tokenizer: " + msg
 		}
-		return nil, nil, nil, &picker.Error{Kind: k, Message: msg, Err: err}
+		return nil, nil, &picker.Error{Kind: k, Message: msg, Err: err}
 	}
 	if len(tokens) == 0 {
-		return nil, nil, nil, errEmptyTokens
+		return nil, nil, errEmptyTokens
 	}
-	return tokens, mm, memo, nil
+	return tokens, mm, nil
 }
 
 // own records the live booking id.

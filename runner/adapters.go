@@ -44,11 +44,12 @@ func (a kvEventSource) DetachWorker(workerID uint64) { a.m.Detach(workerID) }
 // tokenizerSet implements extproc.Tokenizers over tokenizers loaded once per directory and shared
 // by every model and stream that uses them (epp.md §5.4 "load once per model").
 type tokenizerSet struct {
-	byModel map[string]extproc.RequestTokenizer
-	def     extproc.RequestTokenizer // DYN_EPP_TOKENIZER_DIR's, or the byte fallback; may be nil
 	// convCache is the local tokenizers' conversation cache (nil unless local mode with
 	// DYN_EPP_CONVERSATION_CACHE_BYTES > 0), shared by all of them.
 	convCache *tokenizer.ConversationCache
+
+	byModel map[string]extproc.RequestTokenizer
+	def     extproc.RequestTokenizer // DYN_EPP_TOKENIZER_DIR's, or the byte fallback; may be nil
 }
 
 var _ extproc.Tokenizers = (*tokenizerSet)(nil)
