@@ -83,6 +83,22 @@ type TokenizeCall struct {
 	Kind      PromptKind
 	Body      []byte
 	RequestID string
+	// Members are the body's top-level members in document order, as the server already validated
+	// and scanned them (a repeated key appears each time; the last one counts), so an in-process
+	// tokenizer need not parse Body again (one parse per request, epp.md §13.5). Nil when the
+	// server did not scan the body. They alias Body's bytes as received: when the server rewrote
+	// cache_salt for x-tenant-id, Body holds the new value and Members the old one (no tokenizer
+	// reads cache_salt). Valid only during the call.
+	Members []BodyMember
+}
+
+// BodyMember is one top-level member of a JSON request body: its key (unescaped) and its raw JSON
+// value, both slices of (or, for an escaped key, decoded from) the body.
+type BodyMember struct {
+	Key, Value []byte
+	// Elements are, for the member the server also split into its array elements (the last
+	// "messages" array), the [start, end) offsets in Value of each element; nil otherwise.
+	Elements [][2]int
 }
 
 // TokenizedPrompt is the engine's view of a prompt: its token ids and the token ranges of
@@ -90,6 +106,9 @@ type TokenizeCall struct {
 type TokenizedPrompt struct {
 	TokenIDs []uint32
 	MMItems  []picker.MMItem
+	// HashMemo, when non-nil, keeps the block hashes of a token prefix TokenIDs shares with earlier
+	// prompts (a continuing conversation), so the picker hashes only the rest (picker.Prompt.HashMemo).
+	HashMemo picker.BlockHashMemo
 }
 
 // Tokenizer error sentinels (epp.md §5.4, §8). Tokenizer implementations wrap them with %w.

@@ -187,6 +187,8 @@ type stream struct {
 	trailers bool    // the request ended with trailers
 	md       map[string]*structpb.Struct
 	eosAt    time.Time
+	// hashMemo is the tokenizer's block-hash memo of the prompt (TokenizedPrompt.HashMemo).
+	hashMemo picker.BlockHashMemo
 
 	reqStream bool // the request body had "stream": true
 	loadOnly  bool
@@ -452,6 +454,9 @@ func (st *stream) echoRequestBody(b *extprocv3.HttpBody) error {
 	}})
 }
 
+// preallocBodyBytes bounds the body buffer allocated from a declared content-length, bytes.
+const preallocBodyBytes = 1 << 20
+
 // appendBody adds chunk to the request body. A body that arrives as one final chunk is used in place;
 // otherwise chunks are concatenated in a pooled buffer.
 func (st *stream) appendBody(chunk []byte, last bool) {
@@ -464,6 +469,12 @@ func (st *stream) appendBody(chunk []byte, last bool) {
 			return
 		}
 		st.buf = st.s.getBuf()
+		// The declared length sizes the buffer once, instead of growing it by doubling (and
+		// copying) as a prompt-sized body arrives chunk by chunk; up to preallocBodyBytes, so a
+		// declared length alone cannot make the server allocate much.
+		if n := min(st.hdr.declaredLength(), preallocBodyBytes, st.s.cfg.MaxRequestBodyBytes); n > int64(cap(*st.buf)) {
+			*st.buf = slices.Grow(*st.buf, int(n))
+		}
 		*st.buf = append(*st.buf, st.body...)
 	}
 	*st.buf = append(*st.buf, chunk...)
@@ -606,7 +617,7 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 	if err != nil {
 		return decision{}, err
 	}
-	tokens, mmItems, err := st.tokenize(kind, partition, plain, src)
+	tokens, mmItems, err := st.tokenize(kind, partition, plain, pb.members, src)
 	if err != nil {
 		return decision{}, err
 	}
@@ -619,6 +630,7 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 			MMItems:   mmItems,
 			LoraName:  lora,
 			CacheSalt: namespace,
+			HashMemo:  st.hashMemo,
 		},
 		ExpectedOutputTokens: hints.osl,
 		PriorityJump:         st.priority(hints),
@@ -817,9 +829,11 @@ func (st *stream) strictPriority(h agentHints) uint32 {
 	return 0
 }
 
-// tokenize returns the prompt's token ids and multimodal items (epp.md §5.4). Token prompts are
-// used directly.
-func (st *stream) tokenize(kind requestKind, model string, body []byte, src promptSource) (tokens []uint32, mm []picker.MMItem, err error) {
+// tokenize returns the prompt's token ids and multimodal items (epp.md §5.4), and keeps the
+// tokenizer's hash memo in st.hashMemo. Token prompts are used directly. members are body's
+// top-level members as parseBody found them, for a PromptTokenizer that reads them instead of
+// parsing the body again.
+func (st *stream) tokenize(kind requestKind, model string, body []byte, members []BodyMember, src promptSource) (tokens []uint32, mm []picker.MMItem, err error) {
 	if src.tokens != nil {
 		if len(src.tokens) == 0 {
 			return nil, nil, errEmptyTokens
@@ -850,8 +864,8 @@ func (st *stream) tokenize(kind requestKind, model string, body []byte, src prom
 			pk = PromptCompletion
 		}
 		var p TokenizedPrompt
-		p, err = pt.TokenizePrompt(st.ctx, TokenizeCall{Kind: pk, Body: body, RequestID: st.requestID()})
-		tokens, mm = p.TokenIDs, p.MMItems
+		p, err = pt.TokenizePrompt(st.ctx, TokenizeCall{Kind: pk, Body: body, RequestID: st.requestID(), Members: members})
+		tokens, mm, st.hashMemo = p.TokenIDs, p.MMItems, p.HashMemo
 	} else {
 		switch kind {
 		case kindChat:

@@ -209,6 +209,10 @@ type Prompt struct {
 	CacheSalt string
 	// IsEagle overrides the partition's eagle hashing when non-nil.
 	IsEagle *bool
+	// HashMemo, when non-nil, holds the block hashes of the first HashMemo.Tokens() token ids,
+	// which an earlier request shared (a conversation prefix, tokenizer.ConversationCache): the
+	// token form then hashes only the blocks after them. Not part of the HTTP API.
+	HashMemo BlockHashMemo
 
 	// HashForm marks the precomputed form; the fields below are then used as-is.
 	HashForm bool
@@ -222,6 +226,30 @@ type Prompt struct {
 	// "isl_tokens must be greater than 0" rather than as missing (§6.3). A non-zero ISLTokens
 	// counts as supplied either way.
 	ISLTokensSet bool
+}
+
+// BlockHashMemo keeps the block hashes of a token prefix shared by several prompts (epp issue 15:
+// hashing reuse for continuing conversations). A prompt carrying one promises that its first
+// Tokens() token ids are the memo's; the picker loads what was computed before and stores what it
+// computes, per hashing key (block size and seed: LoRA name and cache namespace). Implementations
+// are safe for concurrent use.
+type BlockHashMemo interface {
+	// Tokens is the length of the memo's token prefix, tokens.
+	Tokens() int
+	// LoadBlockHashes returns the local block hashes and their sequence hashes (equal lengths)
+	// known for key, covering the first len(local) blocks of the prefix; nil when none are.
+	LoadBlockHashes(key BlockHashKey) (local, seq []uint64)
+	// StoreBlockHashes keeps the hashes of the prefix's first len(local) blocks for key. The
+	// slices are not modified afterwards; the memo may keep them.
+	StoreBlockHashes(key BlockHashKey, local, seq []uint64)
+}
+
+// BlockHashKey is what block hashes depend on besides the tokens (kv-events-index.md §1.1, §1.2).
+type BlockHashKey struct {
+	// BlockSize is tokens per block.
+	BlockSize uint32
+	// Seed is kvindex.Seed(lora_name, cache namespace).
+	Seed uint64
 }
 
 // MMItem is one multimodal item of a token-form prompt: the token range [Start, End) it occupies

@@ -45,6 +45,10 @@ func (a kvEventSource) DetachWorker(workerID uint64) { a.m.Detach(workerID) }
 // tokenizerSet implements extproc.Tokenizers over tokenizers loaded once per directory and shared
 // by every model and stream that uses them (epp.md §5.4 "load once per model").
 type tokenizerSet struct {
+	// convCache is the local tokenizers' conversation cache (nil unless local mode with
+	// DYN_EPP_CONVERSATION_CACHE_BYTES > 0), shared by all of them.
+	convCache *tokenizer.ConversationCache
+
 	byModel map[string]extproc.RequestTokenizer
 	def     extproc.RequestTokenizer // DYN_EPP_TOKENIZER_DIR's, or the byte fallback; may be nil
 	// protocol is DYN_EPP_TOKENIZER_PROTOCOL's effective value: it decides which settings the
@@ -91,6 +95,9 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 	default:
 		return nil, fmt.Errorf("invalid %s %q: not supported", cfg.name("DYN_EPP_TOKENIZER_PROTOCOL"), cfg.EffectiveTokenizerProtocol())
 	}
+	if cfg.ConversationCacheBytes > 0 {
+		set.convCache = tokenizer.NewConversationCache(cfg.ConversationCacheBytes)
+	}
 	load := func(setting, dir, model string) (*tokenizer.Tokenizer, error) {
 		resolved, err := tokenizer.ResolveDir(dir, model)
 		if err != nil {
@@ -115,7 +122,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		set.def = localTokenizer{t, cfg.ImageTokens}
+		set.def = localTokenizer{t, cfg.ImageTokens, set.convCache}
 	}
 	models := make([]string, 0, len(cfg.Tokenizers))
 	for m := range cfg.Tokenizers {
@@ -127,7 +134,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		set.byModel[m] = localTokenizer{t, cfg.ImageTokens}
+		set.byModel[m] = localTokenizer{t, cfg.ImageTokens, set.convCache}
 	}
 	return set, nil
 }

@@ -140,6 +140,10 @@ type Config struct {
 	// ImageTokens is the number of tokens each image of a chat request is booked as (local mode;
 	// the blocks from the first image on are uncached, epp.md §5.4 as extended by kvepp).
 	ImageTokens int `env:"DYN_EPP_IMAGE_TOKENS" envDefault:"256" help:"tokens booked per image part in local mode"`
+	// ConversationCacheBytes bounds the local tokenizers' conversation cache, which reuses the
+	// tokens of a conversation's earlier turns (tokenizer.ConversationCache), in bytes; 0 disables
+	// it (DYN_EPP_CONVERSATION_CACHE_BYTES).
+	ConversationCacheBytes int64 `env:"DYN_EPP_CONVERSATION_CACHE_BYTES" envDefault:"134217728" help:"memory bound of the local tokenizers' conversation cache, bytes (0 = off)"`
 
 	// --- ext_proc limits and serving (epp.md §2, §5, §9) ---
 
@@ -967,6 +971,9 @@ func (c *Config) validateTokenizer() error {
 	}
 	if c.ImageTokens < 0 {
 		return c.invalid("DYN_EPP_IMAGE_TOKENS", c.ImageTokens, "must be >= 0")
+	}
+	if c.ConversationCacheBytes < 0 {
+		return c.invalid("DYN_EPP_CONVERSATION_CACHE_BYTES", c.ConversationCacheBytes, "must be >= 0")
 	}
 	return nil
 }

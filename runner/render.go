@@ -145,7 +145,8 @@ func loadRenderTokenizers(cfg Config, set *tokenizerSet, log zerolog.Logger) err
 // blocks never match and are never shared); everything else is tokenizer.Tokenizer's.
 type localTokenizer struct {
 	*tokenizer.Tokenizer
-	imageTokens int // DYN_EPP_IMAGE_TOKENS
+	imageTokens int                          // DYN_EPP_IMAGE_TOKENS
+	convCache   *tokenizer.ConversationCache // nil: every chat is tokenized from scratch
 }
 
 var (
@@ -155,22 +156,61 @@ var (
 
 // TokenizePrompt implements extproc.PromptTokenizer.
 func (l localTokenizer) TokenizePrompt(_ context.Context, call extproc.TokenizeCall) (extproc.TokenizedPrompt, error) {
+	req, err := l.request(call)
+	if err != nil {
+		return extproc.TokenizedPrompt{}, err
+	}
 	switch call.Kind {
 	case extproc.PromptChat:
-		p, err := l.TokenizeChatPrompt(call.Body, l.imageTokens)
+		p, err := l.ChatPromptFor(req, tokenizer.ChatOptions{ImageTokens: l.imageTokens, Cache: l.convCache})
 		if err != nil {
 			return extproc.TokenizedPrompt{}, err
 		}
 		out := extproc.TokenizedPrompt{TokenIDs: p.TokenIDs}
+		if p.Memo != nil {
+			out.HashMemo = hashMemo{p.Memo}
+		}
 		if p.UncachedFrom < len(p.TokenIDs) {
 			out.MMItems = []picker.MMItem{{Start: p.UncachedFrom, End: len(p.TokenIDs), Hash: rand.Uint64()}}
 		}
 		return out, nil
 	case extproc.PromptCompletion:
-		ids, err := l.TokenizeCompletion(call.Body)
+		ids, err := l.CompletionIDs(req)
 		return extproc.TokenizedPrompt{TokenIDs: ids}, err
 	default:
-		ids, err := l.TokenizeResponses(call.Body)
+		ids, err := l.ResponsesIDs(req)
 		return extproc.TokenizedPrompt{TokenIDs: ids}, err
 	}
+}
+
+// request is the call's body as the tokenizer reads it: the members the ext_proc server already
+// scanned (one parse per request, epp.md §13.5), or the body parsed when there are none.
+func (l localTokenizer) request(call extproc.TokenizeCall) (*tokenizer.Request, error) {
+	if call.Members == nil {
+		return tokenizer.ParseRequest(call.Body)
+	}
+	ms := make([]tokenizer.Member, len(call.Members))
+	for i, m := range call.Members {
+		ms[i] = tokenizer.Member{Key: m.Key, Value: m.Value, Elements: m.Elements}
+	}
+	return tokenizer.RequestFromMembers(ms)
+}
+
+// hashMemo adapts a conversation-cache prefix to picker.BlockHashMemo, so the block hashes of a
+// continuing conversation's cached prefix are computed once.
+type hashMemo struct{ m *tokenizer.PrefixMemo }
+
+var _ picker.BlockHashMemo = hashMemo{}
+
+// Tokens implements picker.BlockHashMemo.
+func (h hashMemo) Tokens() int { return h.m.Tokens() }
+
+// LoadBlockHashes implements picker.BlockHashMemo.
+func (h hashMemo) LoadBlockHashes(k picker.BlockHashKey) (local, seq []uint64) {
+	return h.m.LoadBlockHashes(k.BlockSize, k.Seed)
+}
+
+// StoreBlockHashes implements picker.BlockHashMemo.
+func (h hashMemo) StoreBlockHashes(k picker.BlockHashKey, local, seq []uint64) {
+	h.m.StoreBlockHashes(k.BlockSize, k.Seed, local, seq)
 }

@@ -502,6 +502,9 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	cleanups = append(cleanups, inst.grpcServer.Stop)
 
 	inst.Metrics.MustRegister(inst.ExtProc.Metrics())
+	if c := toks.set.convCache; c != nil {
+		inst.Metrics.MustRegister(conversationCacheCollector{c})
+	}
 
 	// Ready (an InferencePool EPP once its pods are registered: awaitPoolReady).
 	started = true

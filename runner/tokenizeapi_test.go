@@ -26,7 +26,7 @@ func qwenLocal(t *testing.T) localTokenizer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return localTokenizer{tk, 256}
+	return localTokenizer{Tokenizer: tk, imageTokens: 256}
 }
 
 func tokenizeServer(t *testing.T, mutate func(*Config, *tokenizerSet)) *httptest.Server {

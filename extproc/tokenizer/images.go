@@ -34,6 +34,9 @@ const backOffTokens = 4
 type ChatPrompt struct {
 	TokenIDs     []uint32
 	UncachedFrom int
+	// Memo, when non-nil, keeps the block hashes of the cached conversation prefix TokenIDs starts
+	// with (ChatOptions.Cache); TokenIDs may then share memory with the cache: do not modify it.
+	Memo *PrefixMemo
 }
 
 // TokenizeChatPrompt tokenizes a chat completions body for routing. A text-only request gives
@@ -45,15 +48,40 @@ type ChatPrompt struct {
 // model-specific, or a template that prints plain text for the image), UncachedFrom backs off by
 // backOffTokens. Errors as TokenizeChat.
 func (t *Tokenizer) TokenizeChatPrompt(body []byte, imageTokens int) (ChatPrompt, error) {
-	obj, err := parseBody(body)
+	r, err := ParseRequest(body)
 	if err != nil {
 		return ChatPrompt{}, err
 	}
-	in, addSpecial, err := chatInputFromBody(obj)
+	return t.ChatPromptFor(r, ChatOptions{ImageTokens: imageTokens})
+}
+
+// ChatOptions are the options of ChatPromptFor.
+type ChatOptions struct {
+	// ImageTokens is the number of ids booked per image part (DYN_EPP_IMAGE_TOKENS).
+	ImageTokens int
+	// Cache, when non-nil, is the conversation cache a text-only chat reuses and fills (the ids
+	// are the same either way; see ConversationCache).
+	Cache *ConversationCache
+}
+
+// ChatPromptFor is TokenizeChatPrompt for a Request (a body already split into its members), with
+// an optional conversation cache. Errors as TokenizeChat.
+func (t *Tokenizer) ChatPromptFor(r *Request, o ChatOptions) (ChatPrompt, error) {
+	in, addSpecial, err := chatInputFromRequest(r)
 	if err != nil {
 		return ChatPrompt{}, err
 	}
 	in.images = imagesAsSentinels
+	if o.Cache != nil {
+		ids, memo, handled, err := t.cachedChat(in, addSpecial, o.Cache)
+		if err != nil {
+			return ChatPrompt{}, err
+		}
+		if handled {
+			return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids), Memo: memo}, nil
+		}
+	}
+	imageTokens := o.ImageTokens
 	prompt, err := t.render(in)
 	if err != nil {
 		return ChatPrompt{}, err
