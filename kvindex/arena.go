@@ -275,6 +275,20 @@ func (sh *shard) kidRun(r *run, key uint64) (ci uint32, ri int) {
 	return ci, c.find(o)
 }
 
+// kidRunOf returns the run of the kids-map child of block last (the last block of run r) with
+// tokens_hash key, or ri = -1 when there is none.
+func (sh *shard) kidRunOf(r *run, last uint32, key uint64) (ci uint32, ri int) {
+	if r.kids == 0 {
+		return 0, -1
+	}
+	if ci, ri = sh.kidRun(r, key); ri < 0 && (r.kids > 1 || r.kid == rootID) {
+		if y := sh.kidGet(last, key); y != rootID {
+			ci, ri = sh.locate(y)
+		}
+	}
+	return ci, ri
+}
+
 // hintKid points run ri's kidRI hint (chunk ci) at its kid's current run.
 func (sh *shard) hintKid(ci uint32, ri int) {
 	r := &sh.chunks[ci].runs[ri]

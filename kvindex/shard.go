@@ -29,6 +29,10 @@ type shard struct {
 	used      []uint64    // bitset of allocated slots
 	lowerBits []uint64    // bitset of slots with a lower-tier store
 	nwords    int         // bitset words covering the highest allocated slot
+	// dead is the bitset of cleared slots whose entries are still being removed (clear.go);
+	// lookups ignore them. ndead counts them (0: dead need not be read).
+	dead  []uint64
+	ndead int
 	workers   map[uint64]int
 
 	// lowerRoot lists, per tokens_hash, the slots with a lower-tier edge (ROOT, tokens_hash) in
