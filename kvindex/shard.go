@@ -31,9 +31,9 @@ type shard struct {
 	nwords    int         // bitset words covering the highest allocated slot
 	// dead is the bitset of cleared slots whose entries are still being removed (clear.go);
 	// lookups ignore them. ndead counts them (0: dead need not be read).
-	dead  []uint64
-	ndead int
-	workers   map[uint64]int
+	dead    []uint64
+	ndead   int
+	workers map[uint64]int
 
 	// lowerRoot lists, per tokens_hash, the slots with a lower-tier edge (ROOT, tokens_hash) in
 	// any tier (the candidates a query can match from the root in lower tiers only); lowerRefs
