@@ -62,6 +62,7 @@ func (sh *shard) walkSmall(local []uint64, ci uint32, ri int, dst []Match) []Mat
 	if sh.ndead > 0 {
 		set &^= sh.dead[0]
 	}
+	k := bits.OnesCount64(set) // every candidate leaves once, or stays to the end
 	o, d := r.off, 1
 	for set != 0 {
 		end := r.off + r.n
@@ -89,7 +90,7 @@ func (sh *shard) walkSmall(local []uint64, ci uint32, ri int, dst []Match) []Mat
 		}
 		r = &runs[nri]
 		if keep := set & r.mask(); keep != set {
-			left[nl] = leftSet{slots: set &^ keep, depth: uint32(d), last: last}
+			left[nl&63] = leftSet{slots: set &^ keep, depth: uint32(d), last: last}
 			nl++
 			if set = keep; set == 0 {
 				break
@@ -99,10 +100,10 @@ func (sh *shard) walkSmall(local []uint64, ci uint32, ri int, dst []Match) []Mat
 		d++
 	}
 	if set != 0 {
-		left[nl] = leftSet{slots: set, depth: uint32(d), last: blockID(ci, o)}
+		left[nl&63] = leftSet{slots: set, depth: uint32(d), last: blockID(ci, o)}
 		nl++
 	}
-	return sh.emitLeft(dst, left[:nl], local)
+	return sh.emitLeft(dst, left[:nl], k, local)
 }
 
 // leftSet is a set of candidates (word 0 of a shard's slots) that matched depth device blocks,
@@ -113,26 +114,24 @@ type leftSet struct {
 	last  uint32
 }
 
-// emitLeft appends the matches of the sets in left (see emitSet).
-func (sh *shard) emitLeft(dst []Match, left []leftSet, local []uint64) []Match {
-	k := 0
-	for _, l := range left {
-		k += bits.OnesCount64(l.slots)
-	}
+// emitLeft appends the matches of the sets in left, k candidates in all (see emitSet).
+func (sh *shard) emitLeft(dst []Match, left []leftSet, k int, local []uint64) []Match {
 	i := len(dst)
 	if cap(dst)-i < k {
 		dst = slices.Grow(dst, k)
 	}
 	dst = dst[:i+k]
+	out := dst[i:]
+	cands := (*[64]Candidate)(sh.cands[:64]) // cands covers whole words of slots
 	lower := sh.lowerBits[0]
-	for _, l := range left {
+	j := 0
+	for li := range left {
+		l := &left[li]
 		for set := l.slots; set != 0; set &= set - 1 {
-			b := bits.TrailingZeros64(set)
-			m := &dst[i]
-			i++
-			m.Candidate = sh.cands[b]
-			m.Device = l.depth
-			m.HostExt, m.DiskExt, m.ExternalExt = 0, 0, 0
+			b := bits.TrailingZeros64(set) & 63
+			m := &out[j]
+			j++
+			*m = Match{Candidate: cands[b], Device: l.depth}
 			if lower&(1<<b) != 0 {
 				ext, _ := sh.extOf(l.last, uint32(b))
 				sh.extend(m, uint32(b), ext, false, local, int(l.depth))

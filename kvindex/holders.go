@@ -185,6 +185,33 @@ func (sh *shard) extAt(c *chunk, r *run, o uint16, s uint32) (uint64, bool) {
 	return m.exts[int(o-r.off)*(m.h-1)+k-1], true
 }
 
+// extCol is one holder's column of external hashes along a run: at(o) is the hash on the block
+// at offset o.
+type extCol struct {
+	a             []uint64
+	start, stride int
+}
+
+func (e extCol) at(o uint16) uint64 { return e.a[e.start+int(o)*e.stride] }
+
+// extColumn returns slot s's column of external hashes on run r of chunk c, and whether s holds
+// the run.
+func (sh *shard) extColumn(c *chunk, r *run, s uint32) (extCol, bool) {
+	switch {
+	case r.holder == noHolder:
+		return extCol{}, false
+	case !isMulti(r.holder):
+		return extCol{a: c.ext1, stride: 1}, r.holder == s
+	}
+	m := sh.multi(r.holder)
+	k, ok := m.rank(s)
+	if !ok || k == 0 {
+		return extCol{a: c.ext1, stride: 1}, ok
+	}
+	w := m.h - 1
+	return extCol{a: m.exts, start: k - 1 - int(r.off)*w, stride: w}, true
+}
+
 // extOf returns slot s's external hash on block id.
 func (sh *shard) extOf(id, s uint32) (uint64, bool) {
 	ci, ri := sh.locate(id)

@@ -345,13 +345,13 @@ func (sh *shard) checkExtIndex(s uint32) error {
 		}
 		for j := 0; j < extParts; j++ {
 			if b.bound(j) > b.bound(j+1) {
-				return fmt.Errorf("bucket partitions out of order: %v of %d", b.bounds, b.n)
+				return fmt.Errorf("bucket partitions out of order: %v", b.p)
 			}
 		}
-		if int(b.n) > extBucketMax || int(b.n) > b.cap() || len(b.data)%extGroupWords != 0 {
-			return fmt.Errorf("bucket of %d entries, %d words", b.n, len(b.data))
+		if b.size() > extBucketMax || b.p[0] != 0 || b.size() > b.cap() || len(b.data)%extGroupWords != 0 {
+			return fmt.Errorf("bucket of %d entries, %d words, first bound %d", b.size(), len(b.data), b.p[0])
 		}
-		for k := 0; k < int(b.n); k++ {
+		for k := 0; k < b.size(); k++ {
 			idw := b.id(k)
 			id := idw & mask
 			if seen[id] {
@@ -379,12 +379,12 @@ func (sh *shard) checkExtIndex(s uint32) error {
 				return fmt.Errorf("external hash %d is not found again (%v, %d, want %d)", ext, ok, got, id)
 			}
 		}
-		for k := int(b.n); k < b.cap(); k++ {
+		for k := b.size(); k < b.cap(); k++ {
 			if b.fp(k) != 0 || b.id(k) != 0 {
 				return fmt.Errorf("unused entry %d is not zero", k)
 			}
 		}
-		n += int(b.n)
+		n += b.size()
 		i += span
 	}
 	if n != x.count {

@@ -25,7 +25,7 @@ type shard struct {
 
 	slotOf    map[Candidate]uint32
 	slots     []slotState // indexed by slot; a free slot has an empty lookup and no lower stores
-	cands     []Candidate // slots[s].cand, packed for the lookup walk
+	cands     []Candidate // slots[s].cand, packed for the lookup walk (whole words of slots)
 	used      []uint64    // bitset of allocated slots
 	lowerBits []uint64    // bitset of slots with a lower-tier store
 	nwords    int         // bitset words covering the highest allocated slot
@@ -147,7 +147,7 @@ func (sh *shard) checkStore(c Candidate, ev Event) error {
 			}
 		}
 	}
-	if len(blocks) <= 32 {
+	if len(blocks) <= 8 {
 		for i := 1; i < len(blocks); i++ {
 			for j := 0; j < i; j++ {
 				if blocks[i].BlockHash == blocks[j].BlockHash {
@@ -200,16 +200,27 @@ func (sh *shard) storeDevice(c Candidate, ev Event) error {
 		}
 		ci, ri := sh.locate(x)
 		ch := sh.chunks[ci]
-		r := ch.runs[ri]
-		if sh.hasHolder(r.holder, s) {
-			// Already held: only the external hash may change. The child is looked up again
-			// for the next block, as rebinding may have dropped the candidate elsewhere.
-			sh.rebind(s, x, blocks[i].BlockHash)
-			cur = x
-			i++
+		r := &ch.runs[ri]
+		o := uint16(x & chunkMask)
+		if col, held := sh.extColumn(ch, r, s); held {
+			// Already held: only the external hashes may change. Along the run (same holders)
+			// each next block is the next id; a changed hash is rebound, which may drop the
+			// candidate elsewhere and reshape runs, so the child is then looked up afresh.
+			end := r.off + r.n
+			for {
+				cur = blockID(ci, o)
+				if h := blocks[i].BlockHash; col.at(o) != h {
+					sh.rebind(s, cur, h)
+					i++
+					break
+				}
+				if i++; i == len(blocks) || o+1 >= end || ch.keys[o+1] != blocks[i].TokensHash {
+					break
+				}
+				o++
+			}
 			continue
 		}
-		o := uint16(x & chunkMask)
 		L := 1
 		for end := r.off + r.n; i+L < len(blocks) && o+uint16(L) < end && ch.keys[o+uint16(L)] == blocks[i+L].TokensHash; L++ {
 		}
@@ -423,6 +434,8 @@ func (sh *shard) allocSlot(c Candidate) uint32 {
 	}
 	for int(s) >= len(sh.slots) {
 		sh.slots = append(sh.slots, slotState{})
+	}
+	for len(sh.cands) < len(sh.used)*64 {
 		sh.cands = append(sh.cands, Candidate{})
 	}
 	for len(sh.lowerBits) < len(sh.used) {
@@ -454,7 +467,6 @@ func (sh *shard) releaseIfEmpty(s uint32) {
 	sh.cands[s] = Candidate{}
 	for len(sh.slots) > sh.nwords*64 {
 		sh.slots = sh.slots[:len(sh.slots)-1]
-		sh.cands = sh.cands[:len(sh.cands)-1]
 	}
 	if sh.workers[c.WorkerID]--; sh.workers[c.WorkerID] == 0 {
 		delete(sh.workers, c.WorkerID)
