@@ -488,7 +488,20 @@ func (sh *shard) tryMerge(ci uint32, i int) bool {
 		if len(ma.exts)+len(mb.exts) > mergeLimit {
 			return false
 		}
-		ma.exts = append(ma.exts[:len(ma.exts):len(ma.exts)], mb.exts...)
+		if ma.stride == mb.stride {
+			ma.exts = append(ma.exts[:len(ma.exts):len(ma.exts)], mb.exts...)
+		} else {
+			// Rows of different widths: lay both out at the wider one.
+			st, w := max(ma.stride, mb.stride), ma.h-1
+			exts := make([]uint64, int(a.n+b.n)*st)
+			for i := 0; i < int(a.n); i++ {
+				copy(exts[i*st:i*st+w], ma.exts[i*ma.stride:])
+			}
+			for i := 0; i < int(b.n); i++ {
+				copy(exts[(int(a.n)+i)*st:(int(a.n)+i)*st+w], mb.exts[i*mb.stride:])
+			}
+			ma.exts, ma.stride = exts, st
+		}
 		sh.freeMulti(b.holder)
 	}
 	a.n += b.n

@@ -148,7 +148,7 @@ func (b *extBucket) add(j int, idWord uint32, f uint8) {
 	n := b.size()
 	if n == b.cap() {
 		// Small buckets double (few reallocations); large ones grow by extGrow (little slack).
-		b.resize(n + max(extGrow, min(n, 64-n)))
+		b.resize(n + max(extGrow, min(n, 64-n), n/8))
 	}
 	hole := n
 	for k := extParts - 1; k > j; k-- {
@@ -189,11 +189,15 @@ func (b *extBucket) remove(j, i int) {
 
 // extFind returns the bucket and position of slot s's entry for ext and its block id.
 func (sh *shard) extFind(s uint32, ext uint64) (b *extBucket, i int, id uint32, ok bool) {
+	return sh.extFindHash(s, ext, extHash(ext))
+}
+
+// extFindHash is extFind for ext with extHash(ext) = h.
+func (sh *shard) extFindHash(s uint32, ext, h uint64) (b *extBucket, i int, id uint32, ok bool) {
 	x := &sh.slots[s].ext
 	if x.count == 0 {
 		return nil, 0, 0, false
 	}
-	h := extHash(ext)
 	b = x.dir[x.slot(h)]
 	f := uint8(h >> extFPShift)
 	mask := uint32(1)<<sh.idBits - 1
@@ -201,12 +205,14 @@ func (sh *shard) extFind(s uint32, ext uint64) (b *extBucket, i int, id uint32, 
 	want := uint64(f) * lanes8
 	j := extPart(h)
 	lo, hi := b.bound(j), b.bound(j+1)
-	g := lo / extGroup
-	groups := b.data[g*extGroupWords : (hi+extGroup-1)/extGroup*extGroupWords]
-	for ; len(groups) >= extGroupWords; g, groups = g+1, groups[extGroupWords:] {
-		d := (*[extGroupWords]uint32)(groups)
+	for g, end := lo/extGroup, (hi+extGroup-1)/extGroup; ; g++ {
+		var t uint64
+		if g, t = fpScan(b.data, g, end, want); g == end {
+			break
+		}
+		d := (*[extGroupWords]uint32)(b.data[g*extGroupWords:])
 		v := (uint64(d[0]) | uint64(d[1])<<32) ^ want
-		for t := (v - lanes8) &^ v & high8; t != 0; t &= t - 1 {
+		for ; t != 0; t &= t - 1 {
 			k := bits.TrailingZeros64(t) / 8 & (extGroup - 1)
 			if i := g*extGroup + k; i < lo || i >= hi || v>>(k*8)&0xff != 0 {
 				continue
@@ -223,9 +229,21 @@ func (sh *shard) extFind(s uint32, ext uint64) (b *extBucket, i int, id uint32, 
 	return nil, 0, 0, false
 }
 
-// extSet points slot s's entry (b, i), found for ext, to block id.
-func (sh *shard) extSet(b *extBucket, i int, ext uint64, id uint32) {
-	b.setID(i, id|window(extHash(ext), b.base, sh.idBits)<<sh.idBits)
+// fpScan returns the first group from g on, below end, of bucket data whose fingerprints may
+// include want's byte (want = fingerprint·lanes8), and the high bit of each byte that may match
+// (a byte equal to the fingerprint always has it); g = end when no group does. It is a leaf, so
+// its loop keeps everything in registers.
+//
+//go:noinline
+func fpScan(data []uint32, g, end int, want uint64) (int, uint64) {
+	for i := g * extGroupWords; g < end && i+1 < len(data); g, i = g+1, i+extGroupWords {
+		fp := (*[2]uint32)(data[i : i+2])
+		v := (uint64(fp[0]) | uint64(fp[1])<<32) ^ want
+		if t := (v - lanes8) &^ v & high8; t != 0 {
+			return g, t
+		}
+	}
+	return end, 0
 }
 
 // extDelete removes slot s's entry (b, i).
@@ -239,12 +257,14 @@ func (sh *shard) extDelete(s uint32, b *extBucket, i int) {
 }
 
 // extInsert adds slot s's entry ext → id; ext must not be present.
-func (sh *shard) extInsert(s uint32, ext uint64, id uint32) {
+func (sh *shard) extInsert(s uint32, ext uint64, id uint32) { sh.extInsertHash(s, extHash(ext), id) }
+
+// extInsertHash is extInsert for an external hash with extHash = h.
+func (sh *shard) extInsertHash(s uint32, h uint64, id uint32) {
 	x := &sh.slots[s].ext
 	if x.dir == nil {
 		x.dir = []*extBucket{{}}
 	}
-	h := extHash(ext)
 	for {
 		ix := x.slot(h)
 		b := x.dir[ix]
@@ -266,20 +286,23 @@ func (sh *shard) extSplit(s uint32, ix int) {
 	if wb > 0 && d+1-b.base > wb-min(wb, extMinCheck) {
 		sh.extRefill(s, b)
 	}
-	mask := uint32(1)<<sh.idBits - 1
 	n := b.size()
+	// An entry goes to hi when hash bit d is set: bit wb−1−(d−base) of its split window, or,
+	// without windows (32-bit ids), read back from the tree.
 	var side [extBucketMax]bool
+	bit := uint(sh.idBits) + uint(wb-1-(d-b.base))
 	ones := 0
-	for i := 0; i < n; i++ { // partitions stay in order: each half keeps an entry's partition
-		idw := b.id(i)
-		if wb > 0 {
-			side[i] = idw>>sh.idBits>>(wb-1-(d-b.base))&1 == 1
-		} else {
-			e, _ := sh.extOf(idw&mask, s)
-			side[i] = extHash(e)>>(63-d)&1 == 1
+	if wb > 0 {
+		for i := 0; i < n; i++ {
+			ones += int(b.id(i) >> bit & 1)
 		}
-		if side[i] {
-			ones++
+	} else {
+		mask := uint32(1)<<sh.idBits - 1
+		for i := 0; i < n; i++ {
+			e, _ := sh.extOf(b.id(i)&mask, s)
+			if side[i] = extHash(e)>>(63-d)&1 == 1; side[i] {
+				ones++
+			}
 		}
 	}
 	lo := &extBucket{depth: d + 1, base: b.base}
@@ -289,12 +312,13 @@ func (sh *shard) extSplit(s uint32, ix int) {
 	for j := 0; j < extParts; j++ {
 		// Entries arrive in partition order, so each is appended at its half's end.
 		for i := b.bound(j); i < b.bound(j+1); i++ {
+			idw := b.id(i)
 			t := lo
-			if side[i] {
+			if wb > 0 && idw>>bit&1 == 1 || wb == 0 && side[i] {
 				t = hi
 			}
 			k := t.size()
-			t.setID(k, b.id(i))
+			t.setID(k, idw)
 			t.setFP(k, b.fp(i))
 			t.p[extParts]++
 		}

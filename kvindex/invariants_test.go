@@ -128,8 +128,8 @@ func checkShard(sh *shard) error {
 				if w0, _ := m.word(0, 0); w0 != r.mask() {
 					return fmt.Errorf("run %d: cached word 0 %x, word 0 %x", blockID(uint32(ci), r.off), r.mask(), w0)
 				}
-				if ones != m.h || m.h < 2 || len(m.exts) != int(r.n)*(m.h-1) || len(m.widx) != len(m.words) {
-					return fmt.Errorf("multi of run %d: h %d, %d bits, %d exts for %d blocks", blockID(uint32(ci), r.off), m.h, ones, len(m.exts), r.n)
+				if ones != m.h || m.h < 2 || m.stride < m.h-1 || len(m.exts) != int(r.n)*m.stride || len(m.widx) != len(m.words) {
+					return fmt.Errorf("multi of run %d: h %d, %d bits, stride %d, %d exts for %d blocks", blockID(uint32(ci), r.off), m.h, ones, m.stride, len(m.exts), r.n)
 				}
 			}
 			var err error

@@ -272,12 +272,13 @@ func (sh *shard) storeChain(s, p uint32, blocks []StoredBlock) (uint32, int) {
 // hash. If ext named another block for s, s leaves that block: the engine reuses the id for a
 // new block, so it no longer names the old one (§11.2 step 2 overwrites the mapping).
 func (sh *shard) bind(s, x uint32, ext uint64) {
-	if b, i, y, ok := sh.extFind(s, ext); ok {
-		sh.extSet(b, i, ext, x)
+	h := extHash(ext)
+	if b, i, y, ok := sh.extFindHash(s, ext, h); ok {
+		b.setID(i, x|window(h, b.base, sh.idBits)<<sh.idBits)
 		sh.dropHolder(s, y)
 		return
 	}
-	sh.extInsert(s, ext, x)
+	sh.extInsertHash(s, h, x)
 }
 
 // rebind gives slot s, which holds block x, the external hash ext on it.
