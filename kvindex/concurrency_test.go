@@ -3,6 +3,7 @@ package kvindex
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,11 +27,12 @@ func step(ix *Index, ev Event) {
 // the final state must equal a serial application of the same per-worker streams.
 func TestConcurrentPerWorkerApplication(t *testing.T) {
 	for _, cfg := range []Config{{BlockSize: 16}, {BlockSize: 16, Shards: 4, ShardWorkers: 1}} {
-		t.Run(fmt.Sprintf("shards=%d", cfg.Shards), func(t *testing.T) { testConcurrentPerWorker(t, cfg) })
+		t.Run(fmt.Sprintf("shards=%d", cfg.Shards), func(t *testing.T) { testConcurrentPerWorker(t, cfg, false) })
+		t.Run(fmt.Sprintf("shards=%d/every yield point yields", cfg.Shards), func(t *testing.T) { testConcurrentPerWorker(t, cfg, true) })
 	}
 }
 
-func testConcurrentPerWorker(t *testing.T, cfg Config) {
+func testConcurrentPerWorker(t *testing.T, cfg Config, yields bool) {
 	const workers = 6
 	r := rand.New(rand.NewPCG(42, 43))
 	gen := genConfig{workers: workers, ranks: 2, toks: 5, exts: 12, lowerTiers: true}
@@ -43,6 +45,9 @@ func testConcurrentPerWorker(t *testing.T, cfg Config) {
 	}
 
 	ix := New(cfg)
+	if yields {
+		forceYields(ix, runtime.Gosched)
+	}
 	var stop atomic.Bool
 	var readers sync.WaitGroup
 	for g := 0; g < 3; g++ {

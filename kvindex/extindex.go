@@ -356,8 +356,10 @@ func (sh *shard) extRefill(s uint32, b *extBucket) {
 }
 
 // forEachBucket calls f for every bucket of slot s's index.
-func (sh *shard) forEachBucket(s uint32, f func(b *extBucket)) {
-	x := &sh.slots[s].ext
+func (sh *shard) forEachBucket(s uint32, f func(b *extBucket)) { sh.slots[s].ext.forEachBucket(f) }
+
+// forEachBucket calls f for every bucket of the index.
+func (x *extIndex) forEachBucket(f func(b *extBucket)) {
 	for i := 0; i < len(x.dir); {
 		b := x.dir[i]
 		f(b)

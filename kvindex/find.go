@@ -19,7 +19,7 @@ func (sh *shard) findMatches(local []uint64, dst []Match) []Match {
 		dst, first = sh.walk(local, x, dst)
 	}
 	for _, s := range sh.lowerRoot[local[0]] {
-		if sh.hasHolder(first, s) {
+		if sh.hasHolder(first, s) || sh.isDead(s) {
 			continue
 		}
 		m := Match{Candidate: sh.slots[s].cand}

@@ -63,8 +63,17 @@ func checkInvariants(ix *Index) error {
 //     child keys of a node distinct, every block reaches the root;
 //   - lookups: a bijection between each slot's entries and the blocks holding the slot, every
 //     entry in the bucket its hash selects, with its fingerprint and split window;
-//   - slots, workers, lower stores and their root index, and every entry counter.
+//   - slots, workers, lower stores and their root index, and every entry counter;
+//   - no clear or paused write left behind (dead slots, pending entries, busy workers).
 func checkShard(sh *shard) error {
+	if sh.ndead != 0 || sh.pendingDevice != 0 || len(sh.busy) != 0 || sh.idleWaiters != 0 {
+		return fmt.Errorf("at rest: %d dead slots, %d pending entries, busy %v, %d waiting writes", sh.ndead, sh.pendingDevice, sh.busy, sh.idleWaiters)
+	}
+	for _, w := range sh.dead {
+		if w != 0 {
+			return fmt.Errorf("dead slots %x at rest", sh.dead)
+		}
+	}
 	pairs := make([]int, len(sh.slots))
 	type runRef struct {
 		ci uint32

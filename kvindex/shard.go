@@ -12,6 +12,7 @@ import (
 // in it is guarded by mu; lookups take the read lock, event application the write lock.
 type shard struct {
 	mu sync.RWMutex
+	interleaving // lookups during long writes (interleave.go)
 
 	chunks     []*chunk
 	tail       [2]uint32 // the tail chunks new root chains and new continuations grow from
@@ -80,7 +81,7 @@ type rootRef struct {
 }
 
 func newShard(ladder []uint8) *shard {
-	return &shard{
+	sh := &shard{
 		idBits:    ladder[0],
 		ladder:    ladder,
 		chunks:    []*chunk{{used: 1}},
@@ -91,6 +92,8 @@ func newShard(ladder []uint8) *shard {
 		lowerRoot: make(map[uint64][]uint32),
 		lowerRefs: make(map[rootRef]uint8),
 	}
+	sh.idle = sync.NewCond(&sh.mu)
+	return sh
 }
 
 // apply applies one event with the write lock held (see Index.Apply).
@@ -125,9 +128,11 @@ func (sh *shard) apply(ev Event) error {
 				c, ev.EventID, missing, len(ev.BlockHashes), ev.Tier, ErrBlockNotFound)
 		}
 	case EventCleared:
+		sh.st.EventsApplied++ // counted first: the clear is complete for lookups before its entries are gone
 		if s, ok := sh.slotOf[c]; ok {
-			sh.clearSlot(s)
+			sh.clear(s)
 		}
+		return nil
 	default:
 		sh.st.EventsInvalid++
 		return fmt.Errorf("%v event %d: kind %d: %w", c, ev.EventID, uint8(ev.Kind), ErrInvalidEvent)
@@ -135,6 +140,9 @@ func (sh *shard) apply(ev Event) error {
 	sh.st.EventsApplied++
 	return nil
 }
+
+// yieldBlocks is how many blocks a write handles between yield points (interleave.go).
+const yieldBlocks = 16
 
 // checkStore rejects a store whose blocks repeat a hash or repeat the parent hash (§11.2 step 3).
 func (sh *shard) checkStore(c Candidate, ev Event) error {
@@ -191,6 +199,9 @@ func (sh *shard) storeDevice(c Candidate, ev Event) error {
 	}
 	blocks := ev.Blocks
 	for i := 0; i < len(blocks); {
+		if i > 0 {
+			sh.yield() // the blocks so far are stored: a shorter event's state
+		}
 		x := sh.childOf(cur, blocks[i].TokensHash)
 		if x == rootID {
 			var m int
@@ -207,14 +218,14 @@ func (sh *shard) storeDevice(c Candidate, ev Event) error {
 			// each next block is the next id; a changed hash is rebound, which may drop the
 			// candidate elsewhere and reshape runs, so the child is then looked up afresh.
 			end := r.off + r.n
-			for {
+			for walked := 1; ; walked++ {
 				cur = blockID(ci, o)
 				if h := blocks[i].BlockHash; col.at(o) != h {
 					sh.rebind(s, cur, h)
 					i++
 					break
 				}
-				if i++; i == len(blocks) || o+1 >= end || ch.keys[o+1] != blocks[i].TokensHash {
+				if i++; i == len(blocks) || o+1 >= end || ch.keys[o+1] != blocks[i].TokensHash || walked == yieldBlocks {
 					break
 				}
 				o++
@@ -235,6 +246,9 @@ func (sh *shard) storeDevice(c Candidate, ev Event) error {
 		// The candidate holds none of these blocks yet, so binding their hashes can only drop
 		// it from blocks outside the stretch, which keeps the stretch intact.
 		for j := 0; j < L; j++ {
+			if j%yieldBlocks == yieldBlocks-1 {
+				sh.yield() // the candidate holds the stretch; its lookup entries follow
+			}
 			sh.bind(s, x+uint32(j), blocks[i+j].BlockHash)
 		}
 		cur = x + uint32(L-1)
@@ -263,6 +277,9 @@ func (sh *shard) storeChain(s, p uint32, blocks []StoredBlock) (uint32, int) {
 	}
 	sh.st.TierEntries[TierDevice] += uint64(m)
 	for j := 0; j < m; j++ {
+		if j%yieldBlocks == yieldBlocks-1 {
+			sh.yield() // the candidate holds the new blocks; their lookup entries follow
+		}
 		sh.bind(s, a+uint32(j), blocks[j].BlockHash)
 	}
 	return a + uint32(m-1), m
@@ -332,6 +349,7 @@ func (sh *shard) dropHolderIDs(s uint32, ids []uint32) {
 			sh.mergeAround(ci, ri)
 		}
 		i += L
+		sh.yield()
 	}
 }
 
@@ -343,8 +361,13 @@ func (sh *shard) remove(c Candidate, t Tier, hashes []uint64) int {
 	}
 	missing := 0
 	if t == TierDevice {
+		// The ids buffer is this removal's until it ends: other writes may run at its yields.
 		ids := sh.ids[:0]
-		for _, h := range hashes {
+		sh.ids = nil
+		for j, h := range hashes {
+			if j%yieldBlocks == yieldBlocks-1 {
+				sh.yield() // lookups see the tree as before the removal
+			}
 			b, i, x, ok := sh.extFind(s, h)
 			if !ok {
 				missing++
@@ -415,8 +438,19 @@ func (sh *shard) removeWorker(workerID uint64) {
 			cs = append(cs, c)
 		}
 	}
-	for _, c := range cs {
-		sh.clearSlot(sh.slotOf[c])
+	if !sh.interleave {
+		for _, c := range cs {
+			sh.clearSlot(sh.slotOf[c])
+		}
+		return
+	}
+	// Every rank leaves at once; their entries are buried afterwards.
+	dead := make([]deadSlot, len(cs))
+	for i, c := range cs {
+		dead[i] = sh.kill(sh.slotOf[c])
+	}
+	for _, d := range dead {
+		sh.bury(d)
 	}
 }
 
@@ -454,25 +488,36 @@ func (sh *shard) allocSlot(c Candidate) uint32 {
 // releaseIfEmpty frees slot s when the candidate has no entry in any tier.
 func (sh *shard) releaseIfEmpty(s uint32) {
 	st := &sh.slots[s]
-	if st.ext.count > 0 || st.hasLower() || sh.used[s>>6]&(1<<(s&63)) == 0 {
+	if st.ext.count > 0 || st.hasLower() || sh.used[s>>6]&(1<<(s&63)) == 0 || sh.isDead(s) {
 		return
 	}
 	c := st.cand
 	delete(sh.slotOf, c)
-	*st = slotState{}
-	sh.used[s>>6] &^= 1 << (s & 63)
 	sh.st.Candidates--
+	sh.freeSlot(s)
+	sh.leaveWorker(c.WorkerID)
+}
+
+// freeSlot returns slot s, left without entries, to the free slots.
+func (sh *shard) freeSlot(s uint32) {
+	sh.slots[s] = slotState{}
+	sh.cands[s] = Candidate{}
+	sh.used[s>>6] &^= 1 << (s & 63)
 	for sh.nwords > 0 && sh.used[sh.nwords-1] == 0 {
 		sh.nwords--
 	}
-	sh.cands[s] = Candidate{}
 	for len(sh.slots) > sh.nwords*64 {
 		sh.slots = sh.slots[:len(sh.slots)-1]
 	}
-	if sh.workers[c.WorkerID]--; sh.workers[c.WorkerID] == 0 {
-		delete(sh.workers, c.WorkerID)
+}
+
+// leaveWorker records that a candidate of workerID left the shard; after its last one the
+// worker's assignment is dropped.
+func (sh *shard) leaveWorker(workerID uint64) {
+	if sh.workers[workerID]--; sh.workers[workerID] == 0 {
+		delete(sh.workers, workerID)
 		if sh.unassign != nil {
-			sh.unassign(c.WorkerID)
+			sh.unassign(workerID)
 		}
 	}
 }
@@ -480,6 +525,7 @@ func (sh *shard) releaseIfEmpty(s uint32) {
 // stats returns the shard's counters with Entries filled in.
 func (sh *shard) stats() Stats {
 	s := sh.st
+	s.TierEntries[TierDevice] -= sh.pendingDevice // entries of completed clears not yet removed
 	s.Entries = s.TierEntries[TierDevice]
 	return s
 }
