@@ -11,7 +11,7 @@ import (
 // lookups (extindex.go) and their lower-tier stores, for the workers assigned to it. Everything
 // in it is guarded by mu; lookups take the read lock, event application the write lock.
 type shard struct {
-	mu sync.RWMutex
+	mu           sync.RWMutex
 	interleaving // lookups during long writes (interleave.go)
 
 	chunks     []*chunk
