@@ -356,3 +356,105 @@ func TestFleetSpecs(t *testing.T) {
 		t.Fatalf("got %v", got)
 	}
 }
+
+// BenchmarkFindDuringClear: lookup latency while a worker holding 131,072 blocks (the cache of
+// an 8B model on one 80 GB GPU) is removed from the shard the lookups read. 63 other workers
+// share the shard (16 prompts of 128 blocks each, on 8 shared 32-block system prompts). Each op
+// stores the big worker again (1,024 prompts of 128 blocks, as 64-block Stored events) and
+// removes it (RemoveWorker) while GOMAXPROCS−1 goroutines (at least one) look up the other
+// workers' prompts. Reports clear-ms (the RemoveWorker call), the latency of the lookups that
+// began during a clear (find-p50-ns, find-p99-ns, find-max-ns) and how many did (finds/clear).
+// Run with -cpu 2,4: at -cpu 1 lookups only run when the writer is preempted.
+func BenchmarkFindDuringClear(b *testing.B) {
+	const bigWorker, prompts, promptBlocks = 1000, 1024, 128
+	ix := New(Config{BlockSize: 16})
+	r := rand.New(rand.NewPCG(11, 12))
+	var system [8][32]uint64
+	for i := range system {
+		for j := range system[i] {
+			system[i][j] = r.Uint64()
+		}
+	}
+	var queries [][]uint64
+	for w := uint64(1); w <= 63; w++ {
+		for k := 0; k < 16; k++ {
+			q := append([]uint64{}, system[r.IntN(len(system))][:]...)
+			for len(q) < promptBlocks {
+				q = append(q, r.Uint64())
+			}
+			blocks := make([]StoredBlock, len(q))
+			for i, h := range q {
+				blocks[i] = StoredBlock{BlockHash: h ^ w*0x9e3779b97f4a7c15, TokensHash: h}
+			}
+			if err := ix.Apply(Event{WorkerID: w, Kind: EventStored, Blocks: blocks}); err != nil {
+				b.Fatal(err)
+			}
+			queries = append(queries, q)
+		}
+	}
+	var fill []Event
+	for k := 0; k < prompts; k++ {
+		blocks := make([]StoredBlock, promptBlocks)
+		for i := range blocks {
+			h := r.Uint64()
+			if i < 32 {
+				h = system[k%len(system)][i]
+			}
+			blocks[i] = StoredBlock{BlockHash: uint64(k)<<16 | uint64(i), TokensHash: h}
+		}
+		fill = append(fill,
+			Event{WorkerID: bigWorker, Kind: EventStored, Blocks: blocks[:64]},
+			Event{WorkerID: bigWorker, Kind: EventStored, HasParent: true, ParentHash: blocks[63].BlockHash, Blocks: blocks[64:]})
+	}
+	var clearing, stop atomic.Bool
+	var mu sync.Mutex
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	for g := 0; g < max(1, runtime.GOMAXPROCS(0)-1); g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			dst := make([]Match, 0, 64)
+			var mine []time.Duration
+			for i := g; !stop.Load(); i++ {
+				during := clearing.Load()
+				t := time.Now()
+				dst = ix.FindMatches(queries[i%len(queries)], dst[:0])
+				if d := time.Since(t); during {
+					mine = append(mine, d)
+				}
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}(g)
+	}
+	var clears time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for _, ev := range fill {
+			if err := ix.Apply(ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+		clearing.Store(true)
+		t := time.Now()
+		ix.RemoveWorker(bigWorker)
+		clears += time.Since(t)
+		clearing.Store(false)
+	}
+	b.StopTimer()
+	stop.Store(true)
+	wg.Wait()
+	if st := ix.Stats(); st.Candidates != 63 {
+		b.Fatalf("%d candidates after the clears", st.Candidates)
+	}
+	b.ReportMetric(float64(clears.Nanoseconds())/1e6/float64(b.N), "clear-ms")
+	b.ReportMetric(float64(len(lat))/float64(b.N), "finds/clear")
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		b.ReportMetric(pct(lat, 0.5), "find-p50-ns")
+		b.ReportMetric(pct(lat, 0.99), "find-p99-ns")
+		b.ReportMetric(float64(lat[len(lat)-1].Nanoseconds()), "find-max-ns")
+	}
+}

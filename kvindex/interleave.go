@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -100,7 +101,9 @@ func (sh *shard) waitIdle(workerID uint64) bool {
 func (sh *shard) yield() { sh.pause(true) }
 
 // pause releases and retakes the lock when lookups wait (always with yieldHook set); mark
-// keeps the writer's worker busy meanwhile.
+// keeps the writer's worker busy meanwhile. Yield points are a few microseconds of work apart
+// (yieldBlocks, deadPiece), so a lookup waits about that long; each hand-over costs the
+// writer about a microsecond.
 func (sh *shard) pause(mark bool) {
 	if !sh.interleave || sh.yieldHook == nil && sh.waiting.Load() == 0 {
 		return
@@ -184,7 +187,7 @@ func (sh *shard) bury(d deadSlot) {
 			ids = append(ids, b.id(i)&mask)
 		}
 	})
-	slices.Sort(ids)
+	sortBlockIDs(ids)
 	var roots []uint64 // tokens_hash of each root edge (lowerRefs counts edges)
 	for _, ls := range d.lower {
 		if ls != nil {
@@ -207,6 +210,49 @@ func (sh *shard) bury(d deadSlot) {
 	sh.dead[d.s>>6] &^= 1 << (d.s & 63)
 	sh.ndead--
 	sh.freeSlot(d.s)
+}
+
+// sortBlockIDs sorts distinct block ids: large sets by chunk (a counting pass) and then by
+// offset within each chunk (a bitset), in linear time.
+func sortBlockIDs(ids []uint32) {
+	if len(ids) < 4096 {
+		slices.Sort(ids)
+		return
+	}
+	chunks := 0
+	for _, id := range ids {
+		chunks = max(chunks, int(id>>chunkBits)+1)
+	}
+	start := make([]int, chunks+1) // start[c]: where chunk c's ids begin in out
+	for _, id := range ids {
+		start[id>>chunkBits+1]++
+	}
+	for c := 1; c <= chunks; c++ {
+		start[c] += start[c-1]
+	}
+	out := make([]uint32, len(ids))
+	next := slices.Clone(start[:chunks])
+	for _, id := range ids {
+		c := id >> chunkBits
+		out[next[c]] = id
+		next[c]++
+	}
+	var set [chunkSize / 64]uint64
+	for c := 0; c < chunks; c++ {
+		seg := out[start[c]:start[c+1]]
+		for _, id := range seg {
+			set[id&chunkMask>>6] |= 1 << (id & 63)
+		}
+		k := 0
+		for w := range set {
+			for v := set[w]; v != 0; v &= v - 1 {
+				seg[k] = uint32(c)<<chunkBits | uint32(w)<<6 | uint32(bits.TrailingZeros64(v))
+				k++
+			}
+			set[w] = 0
+		}
+	}
+	copy(ids, out)
 }
 
 // dropDead removes dead slot s from blocks ids (sorted), deepest-numbered first so that each

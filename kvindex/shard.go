@@ -3,7 +3,6 @@ package kvindex
 import (
 	"fmt"
 	"math/bits"
-	"slices"
 	"sync"
 )
 
@@ -331,7 +330,7 @@ func (sh *shard) dropHolder(s, y uint32) {
 // dropHolderIDs removes slot s from the blocks ids (sorted in place), one holder removal per
 // stretch of consecutive blocks of a run, and prunes what is left empty.
 func (sh *shard) dropHolderIDs(s uint32, ids []uint32) {
-	slices.Sort(ids)
+	sortBlockIDs(ids)
 	for i := 0; i < len(ids); {
 		x := ids[i]
 		ci, ri := sh.locate(x)
