@@ -381,7 +381,10 @@ func (sh *shard) remove(c Candidate, t Tier, hashes []uint64) int {
 		sh.dropHolderIDs(s, ids)
 		sh.ids = ids[:0]
 	} else {
-		for _, h := range hashes {
+		for j, h := range hashes {
+			if j%yieldBlocks == yieldBlocks-1 {
+				sh.yield()
+			}
 			if !sh.removeLower(s, t, h) {
 				missing++
 			}
