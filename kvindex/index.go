@@ -250,7 +250,7 @@ func (ix *Index) FindMatches(localHashes []uint64, dst []Match) []Match {
 	// progress rather than for each in turn.
 	var busy uint64
 	for i, sh := range ix.shards[:ix.opened.Load()] {
-		if !sh.mu.TryRLock() {
+		if !sh.tryRLock() {
 			busy |= 1 << i
 			continue
 		}

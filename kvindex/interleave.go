@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"math/bits"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -36,7 +37,8 @@ type writeOp struct {
 // interleaving is the part of a shard that lets lookups in during long writes.
 type interleaving struct {
 	interleave bool         // writes yield to waiting lookups (Index shards, not Approx)
-	waiting    atomic.Int32 // lookups blocked on the lock
+	waiting    atomic.Int32 // lookups waiting for the lock
+	closing    atomic.Bool  // a writer is taking the lock back: lookups that do not wait yet hold off
 	writer     writeOp      // the write holding the lock
 	ops        uint64       // writes begun, for writeOp.op
 	// busy maps a worker to its write paused at a yield; the worker's other writes wait on
@@ -51,14 +53,46 @@ type interleaving struct {
 	yieldHook func()
 }
 
+// tryRLock read-locks the shard if it is free and no writer is taking it back.
+func (sh *shard) tryRLock() bool { return !sh.closing.Load() && sh.mu.TryRLock() }
+
 // rlock read-locks the shard, first telling a long write in progress that a lookup waits.
+//
+// A lookup that finds the shard written spins for a while rather than sleeping on the lock:
+// the writer lets it in at its next yield point, microseconds away, and a sleeping lookup would
+// cost a wake-up, often on another core, every time. Only a writer that does not reach a yield
+// point for a long time puts it to sleep.
 func (sh *shard) rlock() {
-	if sh.mu.TryRLock() {
+	if sh.tryRLock() {
 		return
 	}
 	sh.waiting.Add(1)
+	for i := 1; i <= handSpins && canSpin(); i++ {
+		if sh.tryRLock() {
+			sh.waiting.Add(-1)
+			return
+		}
+		spin(i)
+	}
 	sh.mu.RLock()
 	sh.waiting.Add(-1)
+}
+
+// canSpin reports whether waiting by spinning can pay: the process runs no more threads than
+// the machine has cores (with more, a spinning thread takes a core from the one it waits for).
+func canSpin() bool { return runtime.GOMAXPROCS(0) <= runtime.NumCPU() }
+
+// handSpins bounds the tries of the lock (a few nanoseconds each; a microsecond or two in all,
+// about the work between yield points) that a lookup spends waiting for a yield point, and a
+// writer spends handing the lock over and back, before sleeping on the lock instead.
+const handSpins = 256
+
+// spin is the pause between tries number i: every 32nd lets other goroutines run (with one
+// thread, the one holding the lock).
+func spin(i int) {
+	if i%32 == 0 {
+		runtime.Gosched()
+	}
 }
 
 // beginWrite records the write of workerID that now holds the lock.
@@ -119,7 +153,26 @@ func (sh *shard) pause(mark bool) {
 	if sh.yieldHook != nil {
 		sh.yieldHook()
 	}
-	sh.mu.Lock()
+	// Hand over: wait until the waiting lookups hold the read lock, hold off the others, and
+	// take the lock back as soon as the ones in are done, spinning rather than sleeping (see
+	// rlock).
+	if !canSpin() {
+		sh.mu.Lock() // the lookups woken by Unlock go first
+		sh.writer = me
+		return
+	}
+	for i := 1; i <= handSpins && sh.waiting.Load() > 0; i++ {
+		spin(i)
+	}
+	sh.closing.Store(true)
+	for i := 1; !sh.mu.TryLock(); i++ {
+		if i == handSpins {
+			sh.mu.Lock()
+			break
+		}
+		spin(i)
+	}
+	sh.closing.Store(false)
 	sh.writer = me
 }
 
