@@ -15,8 +15,8 @@ import (
 // things keep that wait short:
 //
 //   - Yields. A long write stops at points where the shard is consistent — between blocks of a
-//     store, between stretches of a removal, between pieces of a clear — and, when lookups are
-//     blocked on the shard (shard.waiting), releases the lock so they run, then takes it again.
+//     store, between stretches of a removal, between pieces of a clear — and, when lookups wait
+//     for the shard (shard.waiting), releases the lock so they run, then takes it again.
 //     A lookup then sees the event partly applied, as if it had been split into shorter events:
 //     every block it sees is in a state of the event stream, never torn. While a write of a
 //     worker is paused, that worker's other writes wait (shard.busy), so the events of one
@@ -67,7 +67,7 @@ func (sh *shard) rlock() {
 		return
 	}
 	sh.waiting.Add(1)
-	for i := 1; i <= handSpins && canSpin(); i++ {
+	for i, n := 1, spins(); i <= n; i++ {
 		if sh.tryRLock() {
 			sh.waiting.Add(-1)
 			return
@@ -78,9 +78,15 @@ func (sh *shard) rlock() {
 	sh.waiting.Add(-1)
 }
 
-// canSpin reports whether waiting by spinning can pay: the process runs no more threads than
-// the machine has cores (with more, a spinning thread takes a core from the one it waits for).
-func canSpin() bool { return runtime.GOMAXPROCS(0) <= runtime.NumCPU() }
+// spins returns handSpins when waiting by spinning can pay — the process runs no more threads
+// than the machine has cores (with more, a spinning thread takes a core from the one it waits
+// for) — and 0 otherwise.
+func spins() int {
+	if runtime.GOMAXPROCS(0) > runtime.NumCPU() {
+		return 0
+	}
+	return handSpins
+}
 
 // handSpins bounds the tries of the lock (a few nanoseconds each; a microsecond or two in all,
 // about the work between yield points) that a lookup spends waiting for a yield point, and a
@@ -156,17 +162,18 @@ func (sh *shard) pause(mark bool) {
 	// Hand over: wait until the waiting lookups hold the read lock, hold off the others, and
 	// take the lock back as soon as the ones in are done, spinning rather than sleeping (see
 	// rlock).
-	if !canSpin() {
+	n := spins()
+	if n == 0 {
 		sh.mu.Lock() // the lookups woken by Unlock go first
 		sh.writer = me
 		return
 	}
-	for i := 1; i <= handSpins && sh.waiting.Load() > 0; i++ {
+	for i := 1; i <= n && sh.waiting.Load() > 0; i++ {
 		spin(i)
 	}
 	sh.closing.Store(true)
 	for i := 1; !sh.mu.TryLock(); i++ {
-		if i == handSpins {
+		if i == n {
 			sh.mu.Lock()
 			break
 		}
