@@ -58,7 +58,10 @@ type Config struct {
 // shards of the workers they touch, so listeners of workers in different shards apply in
 // parallel; FindMatches, ExternalHashes and Stats read-lock one shard at a time and run in
 // parallel with each other; Dump read-locks the open shards together. Callers apply the events of
-// one worker in arrival order (§16).
+// one worker in arrival order (§16). A long write lets waiting lookups in every few
+// microseconds, so a lookup may see a Stored or Removed event partly applied (as if it had been
+// split into shorter events) but never a Cleared or RemoveWorker partly applied; a worker's
+// writes never interleave with each other (interleave.go).
 type Index struct {
 	blockSize int
 	shards    []*shard
