@@ -29,7 +29,7 @@ type shard struct {
 	used      []uint64    // bitset of allocated slots
 	lowerBits []uint64    // bitset of slots with a lower-tier store
 	nwords    int         // bitset words covering the highest allocated slot
-	// dead is the bitset of cleared slots whose entries are still being removed (clear.go);
+	// dead is the bitset of cleared slots whose entries are still being removed (interleave.go);
 	// lookups ignore them. ndead counts them (0: dead need not be read).
 	dead    []uint64
 	ndead   int
