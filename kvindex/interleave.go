@@ -78,11 +78,11 @@ func (sh *shard) rlock() {
 	sh.waiting.Add(-1)
 }
 
-// spins returns handSpins when waiting by spinning can pay — the process runs no more threads
-// than the machine has cores (with more, a spinning thread takes a core from the one it waits
-// for) — and 0 otherwise.
+// spins returns handSpins when waiting by spinning can pay — the process runs more than one
+// thread and no more than the machine has cores (with one, the spinning thread is the one the
+// other waits for; with more than cores, it takes a core from it) — and 0 otherwise.
 func spins() int {
-	if runtime.GOMAXPROCS(0) > runtime.NumCPU() {
+	if n := runtime.GOMAXPROCS(0); n == 1 || n > runtime.NumCPU() {
 		return 0
 	}
 	return handSpins
