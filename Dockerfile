@@ -1,6 +1,7 @@
 # kvepp endpoint picker: static binary on a distroless base, running as a non-root user.
 # Build: docker build -t kvepp/epp .
-# Run:   docker run -v $PWD/models/qwen3:/tokenizer:ro -v $PWD/examples:/cfg:ro \
+# Run (from the repository root, beside ../shared as the README says):
+#        docker run -v "$PWD/../shared/models/qwen3:/tokenizer:ro" -v "$PWD/examples:/cfg:ro" \
 #          -e DYN_EPP_TOKENIZER_DIR=/tokenizer -e DYN_EPP_WORKERS_FILE=/cfg/workers.yaml \
 #          -p 9002:9002 -p 9003:9003 -p 8092:8092 -p 9090:9090 kvepp/epp
 FROM golang:1.26 AS build

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/kvepp/kvepp/internal/jsonscan"
 	"github.com/kvepp/kvepp/internal/tokenjson"
 	"github.com/kvepp/kvepp/picker"
 )
@@ -85,6 +86,15 @@ type parsedBody struct {
 	nvext                   json.RawMessage
 	// saltValues are the value spans of every top-level "cache_salt" member.
 	saltValues []span
+	// members are all top-level members in document order, handed to the tokenizer so it need not
+	// parse the body again (epp.md §13.5).
+	members []BodyMember
+	// memberBuf backs members for the usual bodies of a few top-level fields.
+	memberBuf [8]BodyMember
+	// msgElems are the element offsets of the messages array (BodyMember.Elements), backed by
+	// msgElemBuf for conversations of up to 64 messages.
+	msgElems   [][2]int
+	msgElemBuf [64][2]int
 	// lastValueEnd is the end of the last member's value (0 when the object is empty); open is the
 	// offset just after '{'.
 	lastValueEnd, open int
@@ -98,77 +108,40 @@ var (
 )
 
 // errTooDeep is the 400 of a body that is valid JSON except for its nesting depth.
-var errTooDeep = picker.Errorf(picker.KindBadRequest, "request body nests JSON deeper than %d levels", maxJSONDepth)
+var errTooDeep = picker.Errorf(picker.KindBadRequest, "request body nests JSON deeper than %d levels", jsonscan.MaxDepth)
 
-// parseBody validates body as a JSON object (one pass, validJSON's grammar) and extracts the routing
+// parseBody validates body as a JSON object (one pass, jsonscan.Object) and extracts the routing
 // fields of its top level. It returns errNotJSON, errTooDeep or errNotObject (all 400) for bodies
 // that are not JSON objects, and errModelType when model is present but not a string.
 func parseBody(body []byte) (*parsedBody, error) {
-	p, err := scanBody(body)
-	if err == errNotJSON && nestsTooDeep(body) {
+	p := &parsedBody{}
+	p.members, p.msgElems = p.memberBuf[:0], p.msgElemBuf[:0]
+	msgMember, msgStart := -1, 0
+	err := jsonscan.ObjectElements(body, "messages", &p.msgElems, func(key []byte, vs, ve int) {
+		if string(key) == "messages" && body[vs] == '[' {
+			msgMember, msgStart = len(p.members), vs
+		}
+		p.member(key, body[vs:ve], span{vs, ve})
+		p.lastValueEnd = ve
+	})
+	if msgMember >= 0 && err == nil {
+		// The element offsets are the body's; the member's value starts at its '['.
+		for i := range p.msgElems {
+			p.msgElems[i][0] -= msgStart
+			p.msgElems[i][1] -= msgStart
+		}
+		p.members[msgMember].Elements = p.msgElems
+	}
+	switch err {
+	case nil:
+	case jsonscan.ErrTooDeep:
 		return nil, errTooDeep
-	}
-	return p, err
-}
-
-// scanBody is parseBody without the nesting diagnosis.
-func scanBody(body []byte) (*parsedBody, error) {
-	i := skipWS(body, 0)
-	if i >= len(body) || body[i] != '{' {
-		if validJSON(body) {
-			return nil, errNotObject
-		}
+	case jsonscan.ErrNotObject:
+		return nil, errNotObject
+	default:
 		return nil, errNotJSON
 	}
-	p := &parsedBody{open: i + 1}
-	i = skipWS(body, i+1)
-	if i < len(body) && body[i] == '}' {
-		i++
-	} else {
-		for {
-			if i >= len(body) || body[i] != '"' {
-				return nil, errNotJSON
-			}
-			keyStart := i
-			keyEnd, ok := validString(body, i)
-			if !ok {
-				return nil, errNotJSON
-			}
-			i = skipWS(body, keyEnd)
-			if i >= len(body) || body[i] != ':' {
-				return nil, errNotJSON
-			}
-			vs := skipWS(body, i+1)
-			ve, ok := validValue(body, vs, 1)
-			if !ok {
-				return nil, errNotJSON
-			}
-			key := body[keyStart+1 : keyEnd-1]
-			if bytes.IndexByte(key, '\\') >= 0 {
-				var k string
-				if err := json.Unmarshal(body[keyStart:keyEnd], &k); err == nil {
-					key = []byte(k)
-				}
-			}
-			p.member(key, body[vs:ve], span{vs, ve})
-			p.lastValueEnd = ve
-			i = skipWS(body, ve)
-			if i >= len(body) {
-				return nil, errNotJSON
-			}
-			if body[i] == '}' {
-				i++
-				break
-			}
-			if body[i] != ',' {
-				return nil, errNotJSON
-			}
-			i = skipWS(body, i+1)
-		}
-	}
-	if skipWS(body, i) != len(body) {
-		return nil, errNotJSON
-	}
+	p.open = bytes.IndexByte(body, '{') + 1
 	if p.modelBad {
 		return p, errModelType
 	}
@@ -177,6 +150,7 @@ func scanBody(body []byte) (*parsedBody, error) {
 
 // member records one top-level member.
 func (p *parsedBody) member(key, v []byte, sp span) {
+	p.members = append(p.members, BodyMember{Key: key, Value: v})
 	switch string(key) {
 	case "model":
 		switch {
@@ -227,77 +201,6 @@ func unquote(v []byte) (string, error) {
 	return s, err
 }
 
-// skipWS returns the offset of the first byte at or after i that is not JSON whitespace.
-func skipWS(b []byte, i int) int { return tokenjson.SkipSpace(b, i) }
-
-// skipString returns the offset just past the JSON string starting at b[i] == '"'. b is valid JSON.
-func skipString(b []byte, i int) int {
-	i++
-	for i < len(b) {
-		j := bytes.IndexAny(b[i:], "\"\\")
-		if j < 0 {
-			return len(b)
-		}
-		i += j
-		if b[i] == '\\' {
-			i += 2
-			continue
-		}
-		return i + 1
-	}
-	return len(b)
-}
-
-// skipValue returns the offset just past the JSON value starting at b[i]. b is valid JSON.
-func skipValue(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return len(b)
-	default:
-		for i < len(b) {
-			switch b[i] {
-			case ',', '}', ']', ' ', '\t', '\n', '\r':
-				return i
-			}
-			i++
-		}
-		return len(b)
-	}
-}
-
-// forEachElement calls fn with every element of the JSON array v (valid JSON, v[0] == '[').
-func forEachElement(v []byte, fn func(elem []byte) bool) {
-	i := skipWS(v, 1)
-	for i < len(v) && v[i] != ']' {
-		if v[i] == ',' {
-			i = skipWS(v, i+1)
-		}
-		e := skipValue(v, i)
-		if !fn(v[i:e]) {
-			return
-		}
-		i = skipWS(v, e)
-	}
-}
-
 // promptSource says where the prompt's token ids come from.
 type promptSource struct {
 	tokens []uint32 // completion token prompt ([int] or [[int]]): used directly, no tokenizer call
@@ -315,7 +218,7 @@ func (p *parsedBody) validatePrompt(kind requestKind) (promptSource, error) {
 			return promptSource{}, picker.Errorf(picker.KindBadRequest, "\"messages\" must be an array")
 		}
 		empty := true
-		forEachElement(p.messages, func([]byte) bool { empty = false; return false })
+		jsonscan.Elements(p.messages, func([]byte, int, int) bool { empty = false; return false })
 		if empty {
 			return promptSource{}, picker.Errorf(picker.KindBadRequest, "\"messages\" must not be empty")
 		}
@@ -350,14 +253,14 @@ func validateCompletionPrompt(v json.RawMessage) (promptSource, error) {
 		return bad()
 	}
 	// v is valid JSON (parseBody checked it), so its first element decides the form.
-	i := skipWS(v, 1)
+	i := jsonscan.SkipSpace(v, 1)
 	if i >= len(v) || v[i] == ']' {
 		return bad()
 	}
 	switch v[i] {
 	case '"':
 		ok := true
-		forEachElement(v, func(e []byte) bool { ok = e[0] == '"'; return ok })
+		jsonscan.Elements(v, func(e []byte, _, _ int) bool { ok = e[0] == '"'; return ok })
 		if !ok {
 			return bad()
 		}

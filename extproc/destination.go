@@ -69,10 +69,9 @@ func endpointHostPort(endpoint string) (string, error) {
 }
 
 // destinationValue builds the header value of epp.md §5.9: the primary, then each fallback, comma
-// joined; each rank at its address (rankAddress: the pod's target port of the rank, else the
-// worker endpoint).
+// joined; each rank at the host:port of its endpoint (rankAddress).
 func (s *Server) destinationValue(sel *picker.Selection) (string, error) {
-	primary, err := s.rankAddress(sel.WorkerID, sel.DPRank, sel.Endpoint)
+	primary, err := s.rankAddress(sel.Endpoint)
 	if err != nil {
 		return "", fmt.Errorf("worker %d dp_rank %d: %w", sel.WorkerID, sel.DPRank, err)
 	}
@@ -82,7 +81,7 @@ func (s *Server) destinationValue(sel *picker.Selection) (string, error) {
 	var b strings.Builder
 	b.WriteString(primary)
 	for _, f := range sel.Fallbacks {
-		hp, err := s.rankAddress(f.WorkerID, f.DPRank, f.Endpoint)
+		hp, err := s.rankAddress(f.Endpoint)
 		if err != nil {
 			continue // an unusable fallback is dropped; the primary is what matters
 		}

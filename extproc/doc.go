@@ -20,6 +20,13 @@
 // Config.RequestBodyTimeout is answered 408; on request (DecisionHeader) the routing reply
 // describes the decision in the DecisionMetadataNamespace dynamic metadata.
 //
+// The request path parses a body once (epp.md §13.5): one validating pass (internal/jsonscan)
+// finds the top-level members and the messages' element boundaries, which a PromptTokenizer gets
+// in TokenizeCall.Members instead of parsing the body again. Bodies that arrive in several chunks
+// are concatenated once, into a pooled buffer sized from content-length; the chunks sent back are
+// slices of it. A tokenizer may attach a picker.BlockHashMemo to its prompt (a continuing
+// conversation's cached prefix) so the picker hashes only the new blocks.
+//
 // The package also provides Health, the gRPC health service of epp.md §9, and UsageParser, the
 // response usage parser of epp.md §6.4. The Envoy emulator used by tests lives in
 // extproc/extproctest.

@@ -67,7 +67,7 @@ func TestLoadOnlyPicksUseTheRequestsModel(t *testing.T) {
 	}{
 		{"a header-only GET /v1/models with x-gateway-model-name", extproctest.Request{Method: "GET", Path: "/v1/models", HeaderOnly: true, Headers: modelHeader}},
 		{"request body mode NONE with x-gateway-model-name", extproctest.Request{Body: []byte(`{"model":"m","messages":[]}`), ProtocolConfig: none, Headers: modelHeader}},
-		{"an undecodable gzip body with x-gateway-model-name", extproctest.Request{Body: []byte{0x1f, 0x8b, 0x08},
+		{"an undecodable gzip body of another path with x-gateway-model-name", extproctest.Request{Path: "/v1/embeddings", Body: []byte{0x1f, 0x8b, 0x08},
 			Headers: append([]extproctest.Header{{Key: "content-encoding", Value: "gzip"}}, modelHeader...)}},
 		{"a body in an unsupported encoding with x-gateway-model-name", extproctest.Request{Body: []byte("??"),
 			Headers: append([]extproctest.Header{{Key: "content-encoding", Value: "br"}}, modelHeader...)}},

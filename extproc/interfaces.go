@@ -37,17 +37,6 @@ type Picker interface {
 	Reserve(ctx context.Context, req picker.ReservationRequest) (picker.Reservation, error)
 }
 
-// RankAddresses resolves worker ranks whose destination is not the worker's endpoint: a pod of an
-// InferencePool serves dp_rank r on spec.targetPorts[r] (epp.md §5.6 step 6, §10.3).
-// *discovery.PoolSource implements it.
-type RankAddresses interface {
-	// RankAddress returns the "ip:port" of (workerID, dpRank), ok false when the source does not
-	// know the worker (its endpoint is then used).
-	RankAddress(workerID uint64, dpRank uint32) (hostPort string, ok bool)
-	// WorkerAt returns the rank served at hostPort ("ip:port"), ok false when none is known.
-	WorkerAt(hostPort string) (picker.WorkerRank, bool)
-}
-
 // Tokenizers returns the request tokenizer of a model (epp.md §5.4). The server asks for the
 // partition model (the base model when the request names a LoRA adapter).
 type Tokenizers interface {
@@ -94,6 +83,22 @@ type TokenizeCall struct {
 	Kind      PromptKind
 	Body      []byte
 	RequestID string
+	// Members are the body's top-level members in document order, as the server already validated
+	// and scanned them (a repeated key appears each time; the last one counts), so an in-process
+	// tokenizer need not parse Body again (one parse per request, epp.md §13.5). Nil when the
+	// server did not scan the body. They alias Body's bytes as received: when the server rewrote
+	// cache_salt for x-tenant-id, Body holds the new value and Members the old one (no tokenizer
+	// reads cache_salt). Valid only during the call.
+	Members []BodyMember
+}
+
+// BodyMember is one top-level member of a JSON request body: its key (unescaped) and its raw JSON
+// value, both slices of (or, for an escaped key, decoded from) the body.
+type BodyMember struct {
+	Key, Value []byte
+	// Elements are, for the member the server also split into its array elements (the last
+	// "messages" array), the [start, end) offsets in Value of each element; nil otherwise.
+	Elements [][2]int
 }
 
 // TokenizedPrompt is the engine's view of a prompt: its token ids and the token ranges of
@@ -101,6 +106,9 @@ type TokenizeCall struct {
 type TokenizedPrompt struct {
 	TokenIDs []uint32
 	MMItems  []picker.MMItem
+	// HashMemo, when non-nil, keeps the block hashes of a token prefix TokenIDs shares with earlier
+	// prompts (a continuing conversation), so the picker hashes only the rest (picker.Prompt.HashMemo).
+	HashMemo picker.BlockHashMemo
 }
 
 // Tokenizer error sentinels (epp.md §5.4, §8). Tokenizer implementations wrap them with %w.

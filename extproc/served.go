@@ -7,41 +7,39 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/google/uuid"
 
+	"github.com/kvepp/kvepp/internal/excerpt"
 	"github.com/kvepp/kvepp/picker"
 )
 
-// rankAddress returns the "host:port" Envoy sends rank dpRank of a worker to: the discovered
-// pod's target port of that rank when Addresses knows the worker, else the worker endpoint's
-// host:port (epp.md §5.6 step 6).
-func (s *Server) rankAddress(workerID uint64, dpRank uint32, endpoint string) (string, error) {
-	if s.cfg.Addresses != nil {
-		if hp, ok := s.cfg.Addresses.RankAddress(workerID, dpRank); ok {
-			return hp, nil
-		}
-	}
-	return endpointHostPort(endpoint)
-}
+// rankAddress returns the "host:port" Envoy sends a rank to: the host:port of the endpoint the
+// catalog names for it (picker.Selection.Endpoint is already the rank's endpoint: a discovered
+// pod serves rank r on its targetPorts[r], epp.md §5.6 step 6, §10.3), so ext_proc and the
+// selection API always name the same destination.
+func (s *Server) rankAddress(endpoint string) (string, error) { return endpointHostPort(endpoint) }
 
 // servedRank resolves the endpoint a gateway reports as served ("ip:port") to a worker rank of
-// the booking's partition: through Addresses (discovered pods, one rank per target port), else by
-// matching worker endpoints (the worker's first rank). ok is false for unknown endpoints.
+// the booking's partition by matching each rank's endpoint in the catalog
+// (picker.WorkerRecord.RankEndpoint); ranks sharing one endpoint resolve to the worker's first
+// rank. ok is false for unknown endpoints.
 func (st *stream) servedRank(served string) (picker.WorkerRank, bool) {
-	if a := st.s.cfg.Addresses; a != nil {
-		if wr, ok := a.WorkerAt(normalizeEndpoint(served)); ok {
-			return wr, true
-		}
-	}
 	want := normalizeEndpoint(served)
 	for _, w := range st.s.cfg.Picker.Workers(st.booked.ModelName, st.booked.RoutingGroup) {
-		hp, err := endpointHostPort(w.Endpoint)
-		if err != nil || normalizeEndpoint(hp) != want {
-			continue
-		}
-		rank := uint32(0)
+		start, size := uint32(0), uint32(1)
 		if w.DataParallelStartRank != nil {
-			rank = *w.DataParallelStartRank
+			start = *w.DataParallelStartRank
 		}
-		return picker.WorkerRank{WorkerID: w.WorkerID, DPRank: rank}, true
+		if w.DataParallelSize != nil {
+			size = *w.DataParallelSize
+		}
+		for r := start; uint64(r) < uint64(start)+uint64(size); r++ {
+			hp, err := endpointHostPort(w.RankEndpoint(r))
+			if err == nil && normalizeEndpoint(hp) == want {
+				return picker.WorkerRank{WorkerID: w.WorkerID, DPRank: r}, true
+			}
+			if len(w.RankEndpoints) == 0 {
+				break // every rank shares the endpoint
+			}
+		}
 	}
 	return picker.WorkerRank{}, false
 }
@@ -79,7 +77,7 @@ func (st *stream) moveBooking(served string) bool {
 		TrackPrefillTokens: &track,
 	})
 	if err != nil {
-		st.s.log.Warn().Err(err).Str("request_id", st.requestID()).Uint64("worker_id", wid).Uint32("dp_rank", rank).
+		st.s.log.Warn().Err(err).Str("request_id", excerpt.Of(st.requestID())).Uint64("worker_id", wid).Uint32("dp_rank", rank).
 			Msg("could not move the booking to the served endpoint; it stays on the primary")
 		return false
 	}

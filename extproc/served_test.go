@@ -3,7 +3,6 @@ package extproc_test
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -242,11 +241,8 @@ func TestServedEndpointMovesTheBooking(t *testing.T) {
 	})
 	t.Run("ranks on their own ports: destinations and served endpoints use the rank addresses", func(t *testing.T) {
 		bs, size := uint32(4), uint32(2)
-		addrs := &fakeAddresses{byRank: map[picker.WorkerRank]string{
-			{WorkerID: 5, DPRank: 0}: "10.0.0.5:8000", {WorkerID: 5, DPRank: 1}: "10.0.0.5:8001",
-		}}
-		h := newCoreHarness(t, func(c *extproc.Config) { c.Addresses = addrs },
-			picker.WorkerRecord{WorkerID: 5, ModelName: "m", Endpoint: "http://10.0.0.5:8000", BlockSize: &bs, DataParallelSize: &size})
+		h := newCoreHarness(t, nil, picker.WorkerRecord{WorkerID: 5, ModelName: "m", Endpoint: "http://10.0.0.5:8000",
+			BlockSize: &bs, DataParallelSize: &size, RankEndpoints: []string{"http://10.0.0.5:8000", "http://10.0.0.5:8001"}})
 		seen := map[string]bool{}
 		for i := 0; i < 40 && len(seen) < 2; i++ {
 			ex, err := h.client.Do(ctx, extproctest.Request{Body: chatBody(200), Response: okResponse()})
@@ -276,30 +272,6 @@ func TestServedEndpointMovesTheBooking(t *testing.T) {
 		_ = ps.CloseSend()
 		h.waitIdle(t)
 	})
-}
-
-// fakeAddresses is an extproc.RankAddresses with fixed rank addresses.
-type fakeAddresses struct {
-	mu     sync.Mutex
-	byRank map[picker.WorkerRank]string
-}
-
-func (f *fakeAddresses) RankAddress(id uint64, r uint32) (string, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	a, ok := f.byRank[picker.WorkerRank{WorkerID: id, DPRank: r}]
-	return a, ok
-}
-
-func (f *fakeAddresses) WorkerAt(hp string) (picker.WorkerRank, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for wr, a := range f.byRank {
-		if a == hp {
-			return wr, true
-		}
-	}
-	return picker.WorkerRank{}, false
 }
 
 // chatRequest is a small valid chat body for model "m".

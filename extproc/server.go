@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,10 +70,6 @@ type Config struct {
 	// DefaultRequestBodyTimeout).
 	RequestBodyTimeout time.Duration
 
-	// Addresses, when set, gives the per-rank destinations of discovered pods and resolves served
-	// endpoints back to worker ranks (InferencePool discovery: one target port per dp_rank). Nil:
-	// every rank is addressed at its worker's endpoint.
-	Addresses RankAddresses
 	// ConformanceTestHooks enables the Gateway API Inference Extension conformance-suite hooks
 	// (DYN_EPP_CONFORMANCE_TEST_HOOKS): the test-epp-endpoint-selection request header restricts
 	// the candidates, and the response headers reply sets x-conformance-test-served-endpoint,
@@ -154,14 +151,30 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // GRPCServerOptions returns the grpc.ServerOptions the ext_proc port needs: a maximum receive message
 // size of MaxRequestBodyBytes + 1 MiB, since BUFFERED mode delivers the whole body in one message
-// (epp.md §1).
+// (epp.md §1); and transport settings for request bodies of hundreds of kilobytes arriving on many
+// concurrent streams of one proxy connection (see streamWindowBytes).
 func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 	n := s.cfg.MaxRequestBodyBytes + 1<<20
 	if n > int64(^uint32(0)>>1) {
 		n = int64(^uint32(0) >> 1)
 	}
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(int(n))}
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(int(n)),
+		grpc.InitialWindowSize(streamWindowBytes),
+		grpc.InitialConnWindowSize(connWindowBytes),
+		grpc.NumStreamWorkers(uint32(2 * runtime.GOMAXPROCS(0))),
+	}
 }
+
+// Transport settings of the ext_proc port. A request body is streamed to kvepp in one go and
+// answered only at its end, so the HTTP/2 flow-control window of a stream is sized for a whole
+// prompt-sized body (a 225 KB conversation would otherwise wait for window updates three times),
+// and the connection's for many of them. Stream workers reuse goroutines (and their grown stacks)
+// for new streams while fewer than 2×GOMAXPROCS are in flight.
+const (
+	streamWindowBytes = 1 << 20
+	connWindowBytes   = 16 << 20
+)
 
 // Process implements the ext_proc bidirectional stream: one HTTP request per stream (epp.md §4.4).
 // It returns a gRPC FAILED_PRECONDITION error for unsupported protocol configurations

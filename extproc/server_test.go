@@ -165,8 +165,10 @@ func TestKnownBadInputs(t *testing.T) {
 			extproctest.Request{Path: "/v1/conversations", Body: []byte(`{"items":[]}`)}, expect{loadOnly: true}},
 		{"a GET on the chat path is load-only",
 			extproctest.Request{Method: "GET", Path: "/v1/chat/completions", HeaderOnly: true}, expect{loadOnly: true}},
-		{"a gzip-encoded chat body is load-only and not parsed",
-			extproctest.Request{Body: []byte{0x1f, 0x8b, 0x08}, Headers: []extproctest.Header{{Key: "content-encoding", Value: "gzip"}}}, expect{loadOnly: true}},
+		{"a chat body in an encoding kvepp cannot read is load-only and not parsed",
+			extproctest.Request{Body: []byte{0x1f, 0x8b, 0x08}, Headers: []extproctest.Header{{Key: "content-encoding", Value: "br"}}}, expect{loadOnly: true}},
+		{"a chat body that does not decode as its gzip encoding is a 400",
+			extproctest.Request{Body: []byte{0x1f, 0x8b, 0x08}, Headers: []extproctest.Header{{Key: "content-encoding", Value: "gzip"}}}, expect{status: 400, typ: "invalid_request_error", msg: "does not decode as its content-encoding gzip"}},
 		{"an identity-encoded chat body is routed",
 			extproctest.Request{Body: []byte(`{"model":"m","messages":[{"role":"user","content":"x"}]}`), Headers: []extproctest.Header{{Key: "content-encoding", Value: "identity"}}}, expect{routed: true}},
 		{"row 17: a header-only POST gets a load-only header reply",
@@ -704,7 +706,7 @@ func TestLoadOnlyPicksStayInTheRequestsPartition(t *testing.T) {
 		name string
 		req  extproctest.Request
 	}{
-		{"a gzip-encoded body", extproctest.Request{Body: []byte{0x1f, 0x8b, 0x08}, Headers: []extproctest.Header{{Key: "content-encoding", Value: "gzip"}}}},
+		{"a body in an unsupported encoding", extproctest.Request{Body: []byte{0x1f, 0x8b, 0x08}, Headers: []extproctest.Header{{Key: "content-encoding", Value: "zstd"}}}},
 		{"request body mode NONE", extproctest.Request{Body: []byte(`{"model":"m","messages":[]}`), ProtocolConfig: &extprocv3.ProtocolConfiguration{
 			RequestBodyMode: filterv3.ProcessingMode_NONE, ResponseBodyMode: filterv3.ProcessingMode_NONE}}},
 		{"a header-only request", extproctest.Request{HeaderOnly: true}},

@@ -77,9 +77,10 @@ func (h *requestHeaders) declaredLength() int64 {
 }
 
 // upgrading reports a request that asks for a protocol upgrade (connection: upgrade, or an
-// upgrade header): Envoy then streams its body without ever ending it (envoyproxy/envoy#47081).
+// upgrade header) or a tunnel (CONNECT): Envoy then streams its body without ever ending it
+// (envoyproxy/envoy#47081).
 func (h *requestHeaders) upgrading() bool {
-	if strings.TrimSpace(h.upgrade) != "" {
+	if strings.TrimSpace(h.upgrade) != "" || strings.EqualFold(h.method, "CONNECT") {
 		return true
 	}
 	for _, tok := range strings.Split(h.connection, ",") {
@@ -186,6 +187,8 @@ type stream struct {
 	trailers bool    // the request ended with trailers
 	md       map[string]*structpb.Struct
 	eosAt    time.Time
+	// hashMemo is the tokenizer's block-hash memo of the prompt (TokenizedPrompt.HashMemo).
+	hashMemo picker.BlockHashMemo
 
 	reqStream bool // the request body had "stream": true
 	loadOnly  bool
@@ -297,10 +300,10 @@ func (st *stream) noteResponseMetadata(req *extprocv3.ProcessingRequest) {
 		if normalizeEndpoint(first) != normalizeEndpoint(st.primary) {
 			st.s.metrics.servedEndpointMismatch.Add(1)
 			if st.moveBooking(first) {
-				st.s.log.Debug().Str("request_id", st.requestID()).Str("primary", st.primary).Str("served", served).
+				st.s.log.Debug().Str("request_id", excerpt.Of(st.requestID())).Str("primary", st.primary).Str("served", excerpt.Of(served)).
 					Msg("served endpoint differs from the primary; booking moved to the served endpoint")
 			} else if st.bk.state.Load() != bookingNone {
-				st.s.log.Warn().Str("request_id", st.requestID()).Str("primary", st.primary).Str("served", served).
+				st.s.log.Warn().Str("request_id", excerpt.Of(st.requestID())).Str("primary", st.primary).Str("served", excerpt.Of(served)).
 					Msg("served endpoint differs from the primary and is not a known worker rank; booking kept on the primary")
 			}
 		}
@@ -349,6 +352,20 @@ func (st *stream) onRequestHeaders(h *extprocv3.HttpHeaders) error {
 		st.endBody()
 		return st.routeAndReply(true)
 	}
+	if n := st.hdr.declaredLength(); n > st.s.cfg.MaxRequestBodyBytes {
+		// The body cannot fit: answer now rather than after buffering up to the limit.
+		st.endBody()
+		return st.reject(picker.Errorf(KindRequestTooLarge,
+			"request body exceeds %d bytes: its content-length is %d", st.s.cfg.MaxRequestBodyBytes, n))
+	}
+	if st.hdr.declaredLength() == 0 && st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		// An empty body is complete at the headers: decided now as if it had arrived (a 400 on
+		// an inference path, a load-only pick elsewhere); its end of stream, if it ever comes,
+		// is passed through (eosByLength).
+		st.endBody()
+		st.eosByLength = true
+		return st.routeAndReply(classify(st.hdr.method, st.hdr.path) == kindOther)
+	}
 	if d := st.s.cfg.RequestBodyTimeout; d > 0 {
 		st.bodyTimer = time.AfterFunc(d, st.bodyTimedOut)
 	}
@@ -370,7 +387,7 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) error {
 		return st.echoRequestBody(b)
 	case st.eos:
 		st.s.metrics.duplicateEOS.Add(1)
-		st.s.log.Debug().Str("request_id", st.requestID()).Int("bytes", len(b.GetBody())).
+		st.s.log.Debug().Str("request_id", excerpt.Of(st.requestID())).Int("bytes", len(b.GetBody())).
 			Msg("request_body after end of stream ignored")
 		return nil
 	case st.phase == phaseStart:
@@ -437,6 +454,9 @@ func (st *stream) echoRequestBody(b *extprocv3.HttpBody) error {
 	}})
 }
 
+// preallocBodyBytes bounds the body buffer allocated from a declared content-length, bytes.
+const preallocBodyBytes = 1 << 20
+
 // appendBody adds chunk to the request body. A body that arrives as one final chunk is used in place;
 // otherwise chunks are concatenated in a pooled buffer.
 func (st *stream) appendBody(chunk []byte, last bool) {
@@ -449,6 +469,12 @@ func (st *stream) appendBody(chunk []byte, last bool) {
 			return
 		}
 		st.buf = st.s.getBuf()
+		// The declared length sizes the buffer once, instead of growing it by doubling (and
+		// copying) as a prompt-sized body arrives chunk by chunk; up to preallocBodyBytes, so a
+		// declared length alone cannot make the server allocate much.
+		if n := min(st.hdr.declaredLength(), preallocBodyBytes, st.s.cfg.MaxRequestBodyBytes); n > int64(cap(*st.buf)) {
+			*st.buf = slices.Grow(*st.buf, int(n))
+		}
 		*st.buf = append(*st.buf, st.body...)
 	}
 	*st.buf = append(*st.buf, chunk...)
@@ -591,7 +617,7 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 	if err != nil {
 		return decision{}, err
 	}
-	tokens, mmItems, err := st.tokenize(kind, partition, plain, src)
+	tokens, mmItems, err := st.tokenize(kind, partition, plain, pb.members, src)
 	if err != nil {
 		return decision{}, err
 	}
@@ -604,6 +630,7 @@ func (st *stream) route(headerOnly bool) (decision, error) {
 			MMItems:   mmItems,
 			LoraName:  lora,
 			CacheSalt: namespace,
+			HashMemo:  st.hashMemo,
 		},
 		ExpectedOutputTokens: hints.osl,
 		PriorityJump:         st.priority(hints),
@@ -647,7 +674,13 @@ func (st *stream) readableBody() (body []byte, readable bool, err error) {
 	default:
 		plain, err := decodeBody(coding, st.body, st.s.cfg.MaxRequestBodyBytes)
 		if errors.Is(err, errUndecodable) {
-			st.s.log.Debug().Err(err).Str("request_id", st.requestID()).Msg("request body does not decode; load-only pick")
+			if classify(st.hdr.method, st.hdr.path) != kindOther {
+				// The model server cannot read it either: the client's mistake, said now.
+				return nil, false, &picker.Error{Kind: picker.KindBadRequest,
+					Message: fmt.Sprintf("the request body does not decode as its content-encoding %s: %s", coding,
+						strings.TrimPrefix(err.Error(), errUndecodable.Error()+": ")), Err: err}
+			}
+			st.s.log.Debug().Err(err).Str("request_id", excerpt.Of(st.requestID())).Msg("request body does not decode; load-only pick")
 			return nil, false, nil
 		}
 		return plain, err == nil, err
@@ -691,43 +724,10 @@ func (st *stream) loadOnlyModel(body []byte, readable bool) (string, error) {
 	return model, err
 }
 
-// resolveModel implements the partition and LoRA rows of epp.md §5.5 for the model m a request
-// names: a served model is its own partition; else DYN_MODEL_NAME's partition, with a body model
-// as the LoRA adapter; a request naming no model uses the only served model. A model named but
-// neither served nor covered by DYN_MODEL_NAME is a 404. A request naming no model while several
-// are served is a 400 — except for a load-only pick (loadOnly), which then chooses among every
-// model's workers ("") because nothing in the request can tell them apart. The name must pass
-// picker.ValidateName (400).
+// resolveModel resolves the model m the request names (resolveModel of model.go, shared with
+// ResolveBodyModel).
 func (st *stream) resolveModel(m namedModel, loadOnly bool) (partition, lora string, err error) {
-	if m.name != "" {
-		if err := picker.ValidateName(m.field, m.name); err != nil {
-			return "", "", err
-		}
-	}
-	p := st.s.cfg.Picker
-	if m.name != "" && p.HasModel(m.name) {
-		return m.name, "", nil
-	}
-	if base := st.s.cfg.ModelName; base != "" {
-		if m.fromBody && m.name != base {
-			lora = m.name
-		}
-		return base, lora, nil
-	}
-	if m.name != "" {
-		return "", "", picker.Errorf(KindModelNotFound, "model %q is not served", excerpt.Of(m.name))
-	}
-	switch ms := p.Models(); {
-	case len(ms) == 1:
-		return ms[0], "", nil
-	case loadOnly:
-		return "", "", nil
-	case len(ms) == 0:
-		return "", "", picker.Errorf(picker.KindNotReady, "no model is served: no worker is registered")
-	default:
-		return "", "", picker.Errorf(picker.KindBadRequest,
-			"the request names no model and %d models are served; set \"model\" (or DYN_MODEL_NAME)", len(ms))
-	}
+	return resolveModel(st.s.cfg.Picker, st.s.cfg.ModelName, m, loadOnly)
 }
 
 // loadOnlyPick is epp.md §5.7: no booking. The candidates are the workers of the partition the
@@ -792,8 +792,10 @@ func (st *stream) session() (*picker.SessionContext, error) {
 		return nil, nil
 	}
 	parent := strings.TrimSpace(st.hdr.parentSessionID)
-	if len(id) > MaxSessionIDBytes || len(parent) > MaxSessionIDBytes {
-		return nil, picker.Errorf(picker.KindBadRequest, "session id is longer than %d bytes", MaxSessionIDBytes)
+	for _, h := range [...]struct{ name, v string }{{"x-dynamo-session-id", id}, {"x-dynamo-parent-session-id", parent}} {
+		if len(h.v) > MaxSessionIDBytes {
+			return nil, picker.Errorf(picker.KindBadRequest, "%s is %d bytes long; the limit is %d bytes", h.name, len(h.v), MaxSessionIDBytes)
+		}
 	}
 	return &picker.SessionContext{SessionID: id, ParentSessionID: parent}, nil
 }
@@ -827,9 +829,11 @@ func (st *stream) strictPriority(h agentHints) uint32 {
 	return 0
 }
 
-// tokenize returns the prompt's token ids and multimodal items (epp.md §5.4). Token prompts are
-// used directly.
-func (st *stream) tokenize(kind requestKind, model string, body []byte, src promptSource) (tokens []uint32, mm []picker.MMItem, err error) {
+// tokenize returns the prompt's token ids and multimodal items (epp.md §5.4), and keeps the
+// tokenizer's hash memo in st.hashMemo. Token prompts are used directly. members are body's
+// top-level members as parseBody found them, for a PromptTokenizer that reads them instead of
+// parsing the body again.
+func (st *stream) tokenize(kind requestKind, model string, body []byte, members []BodyMember, src promptSource) (tokens []uint32, mm []picker.MMItem, err error) {
 	if src.tokens != nil {
 		if len(src.tokens) == 0 {
 			return nil, nil, errEmptyTokens
@@ -838,8 +842,9 @@ func (st *stream) tokenize(kind requestKind, model string, body []byte, src prom
 	}
 	t, err := st.s.cfg.Tokenizers.ForModel(model)
 	if err != nil {
-		if picker.KindOf(err) != picker.KindInternal {
-			return nil, nil, err
+		var pe *picker.Error
+		if errors.As(err, &pe) {
+			return nil, nil, err // it says what is missing itself
 		}
 		return nil, nil, &picker.Error{Kind: picker.KindInternal, Message: fmt.Sprintf("no tokenizer for model %q: %v", model, err), Err: err}
 	}
@@ -859,8 +864,8 @@ func (st *stream) tokenize(kind requestKind, model string, body []byte, src prom
 			pk = PromptCompletion
 		}
 		var p TokenizedPrompt
-		p, err = pt.TokenizePrompt(st.ctx, TokenizeCall{Kind: pk, Body: body, RequestID: st.requestID()})
-		tokens, mm = p.TokenIDs, p.MMItems
+		p, err = pt.TokenizePrompt(st.ctx, TokenizeCall{Kind: pk, Body: body, RequestID: st.requestID(), Members: members})
+		tokens, mm, st.hashMemo = p.TokenIDs, p.MMItems, p.HashMemo
 	} else {
 		switch kind {
 		case kindChat:
@@ -943,7 +948,7 @@ func (st *stream) reject(err error) error {
 	st.phase = phaseRejected
 	st.s.metrics.countImmediate(code)
 	st.s.metrics.gie.rejected(st.model, code)
-	st.s.log.Debug().Str("request_id", st.requestID()).Int("status", code).Str("path", st.hdr.path).
+	st.s.log.Debug().Str("request_id", excerpt.Of(st.requestID())).Int("status", code).Str("path", excerpt.Of(st.hdr.path)).
 		Str("reason", err.Error()).Msg("request rejected")
 	return st.send(resp)
 }

@@ -2,10 +2,11 @@ package extproc
 
 import (
 	"bytes"
-	"encoding/json"
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/kvepp/kvepp/internal/jsonscan"
 )
 
 // MaxUsageBufferBytes bounds the usage parser's memory (epp.md §6.4): the SSE carry buffer (a partial
@@ -203,71 +204,98 @@ func (p *UsageParser) parseEvent(data []byte) {
 	if !bytes.Contains(data, usageKey) {
 		return // also skips [DONE]
 	}
-	var env struct {
-		Usage    json.RawMessage `json:"usage"`
-		Response json.RawMessage `json:"response"`
-	}
-	if json.Unmarshal(data, &env) != nil {
+	var usage, response []byte
+	if !objectMembers(data, func(key, v []byte) {
+		switch {
+		case fieldIs(key, "usage"):
+			usage = v
+		case fieldIs(key, "response"):
+			response = v
+		}
+	}) {
 		return
 	}
-	p.mergeUsage(env.Usage)
-	if len(env.Response) > 0 && env.Response[0] == '{' {
-		var r struct {
-			Usage json.RawMessage `json:"usage"`
-		}
-		if json.Unmarshal(env.Response, &r) == nil {
-			p.mergeUsage(r.Usage)
+	p.mergeUsage(usage)
+	if len(response) > 0 && response[0] == '{' {
+		var ru []byte
+		if objectMembers(response, func(key, v []byte) {
+			if fieldIs(key, "usage") {
+				ru = v
+			}
+		}) {
+			p.mergeUsage(ru)
 		}
 	}
 }
 
-func (p *UsageParser) mergeUsage(v json.RawMessage) {
+func (p *UsageParser) mergeUsage(v []byte) {
 	if len(v) == 0 || v[0] != '{' {
 		return
 	}
-	var u struct {
-		PromptTokens        json.RawMessage `json:"prompt_tokens"`
-		CompletionTokens    json.RawMessage `json:"completion_tokens"`
-		TotalTokens         json.RawMessage `json:"total_tokens"`
-		InputTokens         json.RawMessage `json:"input_tokens"`
-		OutputTokens        json.RawMessage `json:"output_tokens"`
-		PromptTokensDetails json.RawMessage `json:"prompt_tokens_details"`
-		InputTokensDetails  json.RawMessage `json:"input_tokens_details"`
+	var prompt, completion, total, input, output, promptDetails, inputDetails []byte
+	fields := [...]struct {
+		name string
+		dst  *[]byte
+	}{
+		{"prompt_tokens", &prompt}, {"completion_tokens", &completion}, {"total_tokens", &total},
+		{"input_tokens", &input}, {"output_tokens", &output},
+		{"prompt_tokens_details", &promptDetails}, {"input_tokens_details", &inputDetails},
 	}
-	if json.Unmarshal(v, &u) != nil {
+	if !objectMembers(v, func(key, val []byte) {
+		for _, f := range fields {
+			if fieldIs(key, f.name) {
+				*f.dst = val
+				return
+			}
+		}
+	}) {
 		return
 	}
-	set(&p.usage.PromptTokens, u.PromptTokens)
-	set(&p.usage.CompletionTokens, u.CompletionTokens)
-	set(&p.usage.TotalTokens, u.TotalTokens)
-	set(&p.usage.InputTokens, u.InputTokens)
-	set(&p.usage.OutputTokens, u.OutputTokens)
-	set(&p.usage.PromptCachedTokens, cachedTokens(u.PromptTokensDetails))
-	set(&p.usage.InputCachedTokens, cachedTokens(u.InputTokensDetails))
+	set(&p.usage.PromptTokens, prompt)
+	set(&p.usage.CompletionTokens, completion)
+	set(&p.usage.TotalTokens, total)
+	set(&p.usage.InputTokens, input)
+	set(&p.usage.OutputTokens, output)
+	set(&p.usage.PromptCachedTokens, cachedTokens(promptDetails))
+	set(&p.usage.InputCachedTokens, cachedTokens(inputDetails))
 }
 
-func cachedTokens(details json.RawMessage) json.RawMessage {
+func cachedTokens(details []byte) []byte {
 	if len(details) == 0 || details[0] != '{' {
 		return nil
 	}
-	var d struct {
-		CachedTokens json.RawMessage `json:"cached_tokens"`
-	}
-	if json.Unmarshal(details, &d) != nil {
+	var cached []byte
+	if !objectMembers(details, func(key, v []byte) {
+		if fieldIs(key, "cached_tokens") {
+			cached = v
+		}
+	}) {
 		return nil
 	}
-	return d.CachedTokens
+	return cached
+}
+
+// objectMembers calls fn with the members of the JSON object v in order (one pass, no
+// reflection) and reports whether v is one; when it is not, what fn collected must be dropped,
+// as encoding/json would have decoded nothing.
+func objectMembers(v []byte, fn func(key, val []byte)) bool {
+	return jsonscan.Object(v, func(key []byte, s, e int) { fn(key, v[s:e]) }) == nil
+}
+
+// fieldIs matches a JSON key to a field name as encoding/json does (case-insensitively).
+func fieldIs(key []byte, name string) bool {
+	return len(key) == len(name) && strings.EqualFold(string(key), name)
 }
 
 // set stores v into *dst when v is a JSON number with an integral value ≥ 0.
-func set(dst **uint64, v json.RawMessage) {
+func set(dst **uint64, v []byte) {
 	if n, ok := tokenCount(v); ok {
 		*dst = &n
 	}
 }
 
 // tokenCount parses a JSON number with an integral, non-negative value.
-func tokenCount(v json.RawMessage) (uint64, bool) {
+func tokenCount(v []byte) (uint64, bool) {
 	if len(v) == 0 || !(v[0] == '-' || (v[0] >= '0' && v[0] <= '9')) {
 		return 0, false
 	}

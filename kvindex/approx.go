@@ -117,6 +117,7 @@ func NewApprox(cfg ApproxConfig) *Approx {
 		capacity: make(map[uint64]int),
 	}
 	a.sh.onDrop = a.forget
+	a.sh.interleave = false // the expiry bookkeeping follows every entry change under the lock
 	return a
 }
 

@@ -275,6 +275,20 @@ func (sh *shard) kidRun(r *run, key uint64) (ci uint32, ri int) {
 	return ci, c.find(o)
 }
 
+// kidRunOf returns the run of the kids-map child of block last (the last block of run r) with
+// tokens_hash key, or ri = -1 when there is none.
+func (sh *shard) kidRunOf(r *run, last uint32, key uint64) (ci uint32, ri int) {
+	if r.kids == 0 {
+		return 0, -1
+	}
+	if ci, ri = sh.kidRun(r, key); ri < 0 && (r.kids > 1 || r.kid == rootID) {
+		if y := sh.kidGet(last, key); y != rootID {
+			ci, ri = sh.locate(y)
+		}
+	}
+	return ci, ri
+}
+
 // hintKid points run ri's kidRI hint (chunk ci) at its kid's current run.
 func (sh *shard) hintKid(ci uint32, ri int) {
 	r := &sh.chunks[ci].runs[ri]
@@ -474,7 +488,20 @@ func (sh *shard) tryMerge(ci uint32, i int) bool {
 		if len(ma.exts)+len(mb.exts) > mergeLimit {
 			return false
 		}
-		ma.exts = append(ma.exts[:len(ma.exts):len(ma.exts)], mb.exts...)
+		if ma.stride == mb.stride {
+			ma.exts = append(ma.exts[:len(ma.exts):len(ma.exts)], mb.exts...)
+		} else {
+			// Rows of different widths: lay both out at the wider one.
+			st, w := max(ma.stride, mb.stride), ma.h-1
+			exts := make([]uint64, int(a.n+b.n)*st)
+			for i := 0; i < int(a.n); i++ {
+				copy(exts[i*st:i*st+w], ma.exts[i*ma.stride:])
+			}
+			for i := 0; i < int(b.n); i++ {
+				copy(exts[(int(a.n)+i)*st:(int(a.n)+i)*st+w], mb.exts[i*mb.stride:])
+			}
+			ma.exts, ma.stride = exts, st
+		}
 		sh.freeMulti(b.holder)
 	}
 	a.n += b.n

@@ -309,7 +309,7 @@ func decodeCanonical(b []byte, re *RouterEvent) bool {
 func (ix *Index) Dump() []DumpEvent {
 	shards := ix.shards[:ix.opened.Load()]
 	for _, sh := range shards {
-		sh.mu.RLock()
+		sh.rlock()
 		defer sh.mu.RUnlock()
 	}
 	return dumpShards(shards)
@@ -485,6 +485,9 @@ func (sh *shard) rootedBelow(parent, child dumpRef) []uint64 {
 	}
 	set := make([]uint64, sh.nwords)
 	sh.loadSet(set, h)
+	if in == nil && sh.ndead > 0 {
+		sh.maskDead(set) // cleared slots awaiting burial hold nothing
+	}
 	any := false
 	for w := range set {
 		if in != nil {

@@ -42,32 +42,32 @@ const (
 	extMinCheck = 2
 )
 
-// extBucket is one bucket of n entries; partition j holds entries bound(j) .. bound(j+1)−1.
+// extBucket is one bucket of size() entries; partition j holds entries bound(j) .. bound(j+1)−1.
 type extBucket struct {
-	data   []uint32
-	n      uint16
-	bounds [extParts - 1]uint16 // bound(1) .. bound(extParts−1)
-	depth  uint8                // local depth: the top depth hash bits are the same for every entry
-	base   uint8                // the windows hold hash bits base .. base+32−idBits−1 (from the top)
+	data  []uint32
+	p     [extParts + 1]uint16 // p[j] = bound(j): p[0] = 0, p[extParts] = the entry count
+	depth uint8                // local depth: the top depth hash bits are the same for every entry
+	base  uint8                // the windows hold hash bits base .. base+32−idBits−1 (from the top)
 }
 
 func extPart(h uint64) int { return int(h>>extPartShift) & (extParts - 1) }
 
 // bound returns the first entry of partition j (j = extParts: the end).
-func (b *extBucket) bound(j int) int {
-	switch j {
-	case 0:
-		return 0
-	case extParts:
-		return int(b.n)
-	}
-	return int(b.bounds[j-1])
-}
+func (b *extBucket) bound(j int) int { return int(b.p[j]) }
+
+// size returns the number of entries.
+func (b *extBucket) size() int { return int(b.p[extParts]) }
 
 // move copies entry from to entry to.
 func (b *extBucket) move(from, to int) {
-	b.setID(to, b.id(from))
-	b.setFP(to, b.fp(from))
+	d := b.data
+	fg, fk := from/extGroup*extGroupWords, from%extGroup
+	tg, tk := to/extGroup*extGroupWords, to%extGroup
+	d[tg+2+tk] = d[fg+2+fk]
+	f := d[fg+fk/4] >> (fk % 4 * 8) & 0xff
+	w := &d[tg+tk/4]
+	sh := uint(tk%4) * 8
+	*w = *w&^(0xff<<sh) | f<<sh
 }
 
 // extIndex is the directory of one candidate's buckets (empty until the first insert).
@@ -138,17 +138,17 @@ func groupsFor(n int) int {
 
 func (b *extBucket) resize(entries int) {
 	data := make([]uint32, groupsFor(entries)*extGroupWords)
-	copy(data, b.data[:min(len(b.data), (int(b.n)+extGroup-1)/extGroup*extGroupWords)])
+	copy(data, b.data[:min(len(b.data), (b.size()+extGroup-1)/extGroup*extGroupWords)])
 	b.data = data
 }
 
 // add inserts an entry into partition j: the first entry of each later partition moves to that
 // partition's end to make room.
 func (b *extBucket) add(j int, idWord uint32, f uint8) {
-	n := int(b.n)
+	n := b.size()
 	if n == b.cap() {
 		// Small buckets double (few reallocations); large ones grow by extGrow (little slack).
-		b.resize(n + max(extGrow, min(n, 64-n)))
+		b.resize(n + max(extGrow, min(n, 64-n), n/8))
 	}
 	hole := n
 	for k := extParts - 1; k > j; k-- {
@@ -157,11 +157,11 @@ func (b *extBucket) add(j int, idWord uint32, f uint8) {
 			b.move(first, hole)
 		}
 		hole = first
-		b.bounds[k-1]++
+		b.p[k]++
 	}
 	b.setID(hole, idWord)
 	b.setFP(hole, f)
-	b.n++
+	b.p[extParts]++
 }
 
 // remove deletes entry i of partition j (the partition's last entry takes its place, and each
@@ -176,24 +176,28 @@ func (b *extBucket) remove(j, i int) {
 		}
 		hole = last
 		if k > j {
-			b.bounds[k-1]--
+			b.p[k]--
 		}
 	}
 	b.setID(hole, 0)
 	b.setFP(hole, 0)
-	b.n--
-	if b.cap()-int(b.n) > 4*extGrow {
-		b.resize(int(b.n) + extGrow)
+	b.p[extParts]--
+	if b.cap()-b.size() > 4*extGrow {
+		b.resize(b.size() + extGrow)
 	}
 }
 
 // extFind returns the bucket and position of slot s's entry for ext and its block id.
 func (sh *shard) extFind(s uint32, ext uint64) (b *extBucket, i int, id uint32, ok bool) {
+	return sh.extFindHash(s, ext, extHash(ext))
+}
+
+// extFindHash is extFind for ext with extHash(ext) = h.
+func (sh *shard) extFindHash(s uint32, ext, h uint64) (b *extBucket, i int, id uint32, ok bool) {
 	x := &sh.slots[s].ext
 	if x.count == 0 {
 		return nil, 0, 0, false
 	}
-	h := extHash(ext)
 	b = x.dir[x.slot(h)]
 	f := uint8(h >> extFPShift)
 	mask := uint32(1)<<sh.idBits - 1
@@ -201,11 +205,15 @@ func (sh *shard) extFind(s uint32, ext uint64) (b *extBucket, i int, id uint32, 
 	want := uint64(f) * lanes8
 	j := extPart(h)
 	lo, hi := b.bound(j), b.bound(j+1)
-	for g := lo / extGroup; g*extGroup < hi; g++ {
-		d := b.data[g*extGroupWords : g*extGroupWords+extGroupWords]
+	for g, end := lo/extGroup, (hi+extGroup-1)/extGroup; ; g++ {
+		var t uint64
+		if g, t = fpScan(b.data, g, end, want); g == end {
+			break
+		}
+		d := (*[extGroupWords]uint32)(b.data[g*extGroupWords:])
 		v := (uint64(d[0]) | uint64(d[1])<<32) ^ want
-		for t := (v - lanes8) &^ v & high8; t != 0; t &= t - 1 {
-			k := bits.TrailingZeros64(t) / 8
+		for ; t != 0; t &= t - 1 {
+			k := bits.TrailingZeros64(t) / 8 & (extGroup - 1)
 			if i := g*extGroup + k; i < lo || i >= hi || v>>(k*8)&0xff != 0 {
 				continue
 			}
@@ -221,9 +229,21 @@ func (sh *shard) extFind(s uint32, ext uint64) (b *extBucket, i int, id uint32, 
 	return nil, 0, 0, false
 }
 
-// extSet points slot s's entry (b, i), found for ext, to block id.
-func (sh *shard) extSet(b *extBucket, i int, ext uint64, id uint32) {
-	b.setID(i, id|window(extHash(ext), b.base, sh.idBits)<<sh.idBits)
+// fpScan returns the first group from g on, below end, of bucket data whose fingerprints may
+// include want's byte (want = fingerprint·lanes8), and the high bit of each byte that may match
+// (a byte equal to the fingerprint always has it); g = end when no group does. It is a leaf, so
+// its loop keeps everything in registers.
+//
+//go:noinline
+func fpScan(data []uint32, g, end int, want uint64) (int, uint64) {
+	for i := g * extGroupWords; g < end && i+1 < len(data); g, i = g+1, i+extGroupWords {
+		fp := (*[2]uint32)(data[i : i+2])
+		v := (uint64(fp[0]) | uint64(fp[1])<<32) ^ want
+		if t := (v - lanes8) &^ v & high8; t != 0 {
+			return g, t
+		}
+	}
+	return end, 0
 }
 
 // extDelete removes slot s's entry (b, i).
@@ -237,16 +257,18 @@ func (sh *shard) extDelete(s uint32, b *extBucket, i int) {
 }
 
 // extInsert adds slot s's entry ext → id; ext must not be present.
-func (sh *shard) extInsert(s uint32, ext uint64, id uint32) {
+func (sh *shard) extInsert(s uint32, ext uint64, id uint32) { sh.extInsertHash(s, extHash(ext), id) }
+
+// extInsertHash is extInsert for an external hash with extHash = h.
+func (sh *shard) extInsertHash(s uint32, h uint64, id uint32) {
 	x := &sh.slots[s].ext
 	if x.dir == nil {
 		x.dir = []*extBucket{{}}
 	}
-	h := extHash(ext)
 	for {
 		ix := x.slot(h)
 		b := x.dir[ix]
-		if b.n < extBucketMax {
+		if b.size() < extBucketMax {
 			b.add(extPart(h), id|window(h, b.base, sh.idBits)<<sh.idBits, uint8(h>>extFPShift))
 			x.count++
 			return
@@ -264,20 +286,23 @@ func (sh *shard) extSplit(s uint32, ix int) {
 	if wb > 0 && d+1-b.base > wb-min(wb, extMinCheck) {
 		sh.extRefill(s, b)
 	}
-	mask := uint32(1)<<sh.idBits - 1
-	n := int(b.n)
-	side := make([]bool, n)
+	n := b.size()
+	// An entry goes to hi when hash bit d is set: bit wb−1−(d−base) of its split window, or,
+	// without windows (32-bit ids), read back from the tree.
+	var side [extBucketMax]bool
+	bit := uint(sh.idBits) + uint(wb-1-(d-b.base))
 	ones := 0
-	for i := 0; i < n; i++ { // partitions stay in order: each half keeps an entry's partition
-		idw := b.id(i)
-		if wb > 0 {
-			side[i] = idw>>sh.idBits>>(wb-1-(d-b.base))&1 == 1
-		} else {
-			e, _ := sh.extOf(idw&mask, s)
-			side[i] = extHash(e)>>(63-d)&1 == 1
+	if wb > 0 {
+		for i := 0; i < n; i++ {
+			ones += int(b.id(i) >> bit & 1)
 		}
-		if side[i] {
-			ones++
+	} else {
+		mask := uint32(1)<<sh.idBits - 1
+		for i := 0; i < n; i++ {
+			e, _ := sh.extOf(b.id(i)&mask, s)
+			if side[i] = extHash(e)>>(63-d)&1 == 1; side[i] {
+				ones++
+			}
 		}
 	}
 	lo := &extBucket{depth: d + 1, base: b.base}
@@ -285,12 +310,20 @@ func (sh *shard) extSplit(s uint32, ix int) {
 	lo.resize(n - ones + extGrow)
 	hi.resize(ones + extGrow)
 	for j := 0; j < extParts; j++ {
+		// Entries arrive in partition order, so each is appended at its half's end.
 		for i := b.bound(j); i < b.bound(j+1); i++ {
-			if side[i] {
-				hi.add(j, b.id(i), b.fp(i))
-			} else {
-				lo.add(j, b.id(i), b.fp(i))
+			idw := b.id(i)
+			t := lo
+			if wb > 0 && idw>>bit&1 == 1 || wb == 0 && side[i] {
+				t = hi
 			}
+			k := t.size()
+			t.setID(k, idw)
+			t.setFP(k, b.fp(i))
+			t.p[extParts]++
+		}
+		if j+1 < extParts {
+			lo.p[j+1], hi.p[j+1] = lo.p[extParts], hi.p[extParts]
 		}
 	}
 	if d == x.gd {
@@ -314,7 +347,7 @@ func (sh *shard) extSplit(s uint32, ix int) {
 // tree), starting at the bucket's depth.
 func (sh *shard) extRefill(s uint32, b *extBucket) {
 	mask := uint32(1)<<sh.idBits - 1
-	for i := 0; i < int(b.n); i++ {
+	for i := 0; i < b.size(); i++ {
 		idw := b.id(i)
 		e, _ := sh.extOf(idw&mask, s)
 		b.setID(i, idw&mask|window(extHash(e), b.depth, sh.idBits)<<sh.idBits)
@@ -323,8 +356,10 @@ func (sh *shard) extRefill(s uint32, b *extBucket) {
 }
 
 // forEachBucket calls f for every bucket of slot s's index.
-func (sh *shard) forEachBucket(s uint32, f func(b *extBucket)) {
-	x := &sh.slots[s].ext
+func (sh *shard) forEachBucket(s uint32, f func(b *extBucket)) { sh.slots[s].ext.forEachBucket(f) }
+
+// forEachBucket calls f for every bucket of the index.
+func (x *extIndex) forEachBucket(f func(b *extBucket)) {
 	for i := 0; i < len(x.dir); {
 		b := x.dir[i]
 		f(b)
@@ -336,7 +371,7 @@ func (sh *shard) forEachBucket(s uint32, f func(b *extBucket)) {
 func (sh *shard) forEachExtEntry(s uint32, f func(id uint32)) {
 	mask := uint32(1)<<sh.idBits - 1
 	sh.forEachBucket(s, func(b *extBucket) {
-		for i := 0; i < int(b.n); i++ {
+		for i := 0; i < b.size(); i++ {
 			f(b.id(i) & mask)
 		}
 	})
@@ -361,7 +396,7 @@ func (sh *shard) growIDSpace(ci uint32) {
 	oldMask, drop := uint32(1)<<old-1, sh.idBits-old
 	for s := range sh.slots {
 		sh.forEachBucket(uint32(s), func(b *extBucket) {
-			for i := 0; i < int(b.n); i++ {
+			for i := 0; i < b.size(); i++ {
 				idw := b.id(i)
 				var win uint32
 				if sh.idBits < 32 {

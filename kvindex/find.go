@@ -19,7 +19,7 @@ func (sh *shard) findMatches(local []uint64, dst []Match) []Match {
 		dst, first = sh.walk(local, x, dst)
 	}
 	for _, s := range sh.lowerRoot[local[0]] {
-		if sh.hasHolder(first, s) {
+		if sh.hasHolder(first, s) || sh.isDead(s) {
 			continue
 		}
 		m := Match{Candidate: sh.slots[s].cand}
@@ -33,31 +33,39 @@ func (sh *shard) findMatches(local []uint64, dst []Match) []Match {
 
 // walk matches local from block x (the root child for local[0]) and returns the extended dst and
 // the holder set of x. The candidate set is one bitset word for shards of at most 64 slots (the
-// run's cached word 0 is its holder set) and a word per 64 slots otherwise.
+// run's cached word 0 is its holder set, walkSmall) and a word per 64 slots otherwise.
 func (sh *shard) walk(local []uint64, x uint32, dst []Match) ([]Match, uint32) {
 	ci, ri := sh.locate(x)
-	c := sh.chunks[ci]
-	r := &c.runs[ri]
-	first := r.holder
+	first := sh.chunks[ci].runs[ri].holder
 	if first == noHolder {
 		return dst, first // an empty placeholder: nobody matches below it
 	}
-	small := sh.nwords <= 1
-	set0 := r.mask()
-	var stack [8]uint64
-	var set []uint64 // candidates holding every block so far, one bit per slot (large shards)
-	if !small {
-		if sh.nwords <= len(stack) {
-			set = stack[:sh.nwords]
-		} else {
-			set = make([]uint64, sh.nwords)
-		}
-		sh.loadSet(set, r.holder)
+	if sh.nwords <= 1 {
+		return sh.walkSmall(local, ci, ri, dst), first
 	}
+	return sh.walkLarge(local, ci, ri, dst), first
+}
+
+// walkSmall is walk for shards of at most 64 slots, from run ri of chunk ci. Inside a run only
+// keys are compared; at a run boundary the next run is the next id's (same chunk, no lookup) or
+// a kids-map child, and the candidate set shrinks to the next run's cached word 0. The
+// candidates that leave are only noted during the walk (each note removes at least one of the
+// 64 slots, so at most 64 notes) and written out afterwards: the walk's few variables then stay
+// in registers.
+func (sh *shard) walkSmall(local []uint64, ci uint32, ri int, dst []Match) []Match {
+	var left [64]leftSet
+	nl := 0
+	c := sh.chunks[ci]
+	runs, keys := c.runs, c.keys
+	r := &runs[ri]
+	set := r.mask()
+	if sh.ndead > 0 {
+		set &^= sh.dead[0]
+	}
+	k := bits.OnesCount64(set) // every candidate leaves once, or stays to the end
 	o, d := r.off, 1
-	for {
+	for set != 0 {
 		end := r.off + r.n
-		keys := c.keys
 		for d < len(local) && o+1 < end && keys[o+1] == local[d] {
 			o++
 			d++
@@ -68,47 +76,128 @@ func (sh *shard) walk(local []uint64, x uint32, dst []Match) ([]Match, uint32) {
 		// The chain continues in the next id's run, or in a kids-map child (usually the run's
 		// recorded kid, found without hashing).
 		last := blockID(ci, o)
-		nci, nri := ci, -1
-		if ri+1 < len(c.runs) {
-			if nr := &c.runs[ri+1]; nr.off == end && nr.parent == last && keys[end] == local[d] {
-				nri = ri + 1
+		nri := ri + 1
+		if nri >= len(runs) || runs[nri].off != end || runs[nri].parent != last || keys[end] != local[d] {
+			nci := ci
+			if nci, nri = sh.kidRunOf(r, last, local[d]); nri < 0 {
+				break
+			}
+			if nci != ci {
+				ci = nci
+				c := sh.chunks[ci]
+				runs, keys = c.runs, c.keys
 			}
 		}
-		if nri < 0 && r.kids > 0 {
+		r = &runs[nri]
+		if keep := set & r.mask(); keep != set {
+			left[nl&63] = leftSet{slots: set &^ keep, depth: uint32(d), last: last}
+			nl++
+			if set = keep; set == 0 {
+				break
+			}
+		}
+		ri, o = nri, r.off
+		d++
+	}
+	if set != 0 {
+		left[nl&63] = leftSet{slots: set, depth: uint32(d), last: blockID(ci, o)}
+		nl++
+	}
+	return sh.emitLeft(dst, left[:nl], k, local)
+}
+
+// leftSet is a set of candidates (word 0 of a shard's slots) that matched depth device blocks,
+// the last of which is block last.
+type leftSet struct {
+	slots uint64
+	depth uint32
+	last  uint32
+}
+
+// emitLeft appends the matches of the sets in left, k candidates in all (see emitSet).
+func (sh *shard) emitLeft(dst []Match, left []leftSet, k int, local []uint64) []Match {
+	i := len(dst)
+	if cap(dst)-i < k {
+		dst = slices.Grow(dst, k)
+	}
+	dst = dst[:i+k]
+	out := dst[i:]
+	cands := (*[64]Candidate)(sh.cands[:64]) // cands covers whole words of slots
+	lower := sh.lowerBits[0]
+	j := 0
+	for li := range left {
+		l := &left[li]
+		for set := l.slots; set != 0; set &= set - 1 {
+			b := bits.TrailingZeros64(set) & 63
+			m := &out[j]
+			j++
+			*m = Match{Candidate: cands[b], Device: l.depth}
+			if lower&(1<<b) != 0 {
+				ext, _ := sh.extOf(l.last, uint32(b))
+				sh.extend(m, uint32(b), ext, false, local, int(l.depth))
+			}
+		}
+	}
+	return dst
+}
+
+// walkLarge is walk for shards of more than 64 slots: the candidate set is a word per 64 slots,
+// intersected with the next run's holder set where it changes.
+func (sh *shard) walkLarge(local []uint64, ci uint32, ri int, dst []Match) []Match {
+	c := sh.chunks[ci]
+	r := &c.runs[ri]
+	var stack [8]uint64
+	var set []uint64 // candidates holding every block so far, one bit per slot
+	if sh.nwords <= len(stack) {
+		set = stack[:sh.nwords]
+	} else {
+		set = make([]uint64, sh.nwords)
+	}
+	sh.loadSet(set, r.holder)
+	if sh.ndead > 0 && !sh.maskDead(set) {
+		return dst
+	}
+	o, d := r.off, 1
+	for {
+		end := r.off + r.n
+		keys := c.keys
+		for d < len(local) && o+1 < end && keys[o+1] == local[d] {
+			o++
+			d++
+		}
+		if d == len(local) || o+1 < end {
+			break
+		}
+		last := blockID(ci, o)
+		nc, nci, nri := c, ci, ri+1
+		if nri >= len(c.runs) || c.runs[nri].off != end || c.runs[nri].parent != last || keys[end] != local[d] {
+			if r.kids == 0 {
+				break
+			}
 			if nci, nri = sh.kidRun(r, local[d]); nri < 0 && (r.kids > 1 || r.kid == rootID) {
 				if y := sh.kidGet(last, local[d]); y != rootID {
 					nci, nri = sh.locate(y)
 				}
 			}
-		}
-		if nri < 0 {
-			break
-		}
-		nc := sh.chunks[nci]
-		nr := &nc.runs[nri]
-		if small {
-			if keep := set0 & nr.mask(); keep != set0 {
-				dst = sh.emitSet(dst, 0, set0&^keep, d, c, r, o, local)
-				if set0 = keep; set0 == 0 {
-					return dst, first
-				}
+			if nri < 0 {
+				break
 			}
-		} else if nr.holder != r.holder {
+			nc = sh.chunks[nci]
+		}
+		nr := &nc.runs[nri]
+		if nr.holder != r.holder {
 			var alive bool
 			if dst, alive = sh.intersect(dst, set, nr.holder, d, c, r, o, local); !alive {
-				return dst, first
+				return dst
 			}
 		}
 		ci, c, ri, r, o = nci, nc, nri, nr, nr.off
 		d++
 	}
-	if small {
-		return sh.emitSet(dst, 0, set0, d, c, r, o, local), first
-	}
 	for w, v := range set {
 		dst = sh.emitSet(dst, w, v, d, c, r, o, local)
 	}
-	return dst, first
+	return dst
 }
 
 // emitSet appends the matches of the slots in bitset word w of set (see fill). The matches are
@@ -137,6 +226,18 @@ func (sh *shard) emitSet(dst []Match, w int, set uint64, d int, c *chunk, r *run
 		}
 	}
 	return dst
+}
+
+// maskDead removes the dead slots from set and reports whether anyone is left.
+func (sh *shard) maskDead(set []uint64) bool {
+	any := uint64(0)
+	for w := range set {
+		if w < len(sh.dead) {
+			set[w] &^= sh.dead[w]
+		}
+		any |= set[w]
+	}
+	return any != 0
 }
 
 // loadSet writes holder set h into set (one bit per slot).

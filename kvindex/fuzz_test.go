@@ -72,8 +72,9 @@ func decodeOps(data []byte) []Event {
 }
 
 // FuzzApply applies a random event stream to a single-shard index and to one spreading every
-// worker over its own shard, and checks: no panic; the structural invariants and Stats entry
-// counts against a recount; agreement with the reference model and between the two indexes
+// worker over its own shard (whose writes let lookups in at every yield point), and checks: no
+// panic; the structural invariants and Stats entry counts against a recount; agreement with
+// the reference model and between the two indexes
 // (errors, counters, matches, dumps); no match longer than its query; and that the dump survives
 // JSON and restores to the same device-tier answers.
 func FuzzApply(f *testing.F) {
@@ -84,6 +85,17 @@ func FuzzApply(f *testing.F) {
 		evs := decodeOps(data)
 		ix, m := New(Config{BlockSize: 4}), newModel()
 		sharded := New(Config{BlockSize: 4, Shards: 4, ShardWorkers: 1})
+		// The sharded index also lets lookups in at every yield point of its writes: whatever
+		// they see, they must not fail, and the end state must not change.
+		forceYields(sharded, func() {
+			for _, mt := range sharded.FindMatches([]uint64{0, 1, 2, 3}, nil) {
+				if mt.Blocks() > 4 {
+					t.Errorf("match %+v longer than its query, mid-write", mt)
+				}
+			}
+			_ = sharded.Stats()
+			_ = sharded.Dump()
+		})
 		for _, ev := range evs {
 			if ev.Kind == removeWorkerKind {
 				ix.RemoveWorker(ev.WorkerID)

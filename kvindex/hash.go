@@ -218,3 +218,16 @@ func chainHash(prev, local uint64) uint64 {
 	binary.LittleEndian.PutUint64(b[8:], local)
 	return xxh3.HashSeed(b[:], BaseSeed)
 }
+
+// AppendSequenceHashesAfter appends to dst the sequence-hash chain of blockHashes continued after
+// prev, the chain's entry for the block before blockHashes[0] (kv-events-index.md §2): a chain
+// whose first part is already known is extended without recomputing it. It allocates only when
+// dst lacks capacity.
+func AppendSequenceHashesAfter(dst []uint64, prev uint64, blockHashes []uint64) []uint64 {
+	dst = slices.Grow(dst, len(blockHashes))
+	for _, h := range blockHashes {
+		prev = chainHash(prev, h)
+		dst = append(dst, prev)
+	}
+	return dst
+}

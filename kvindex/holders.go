@@ -21,11 +21,17 @@ type multi struct {
 	widx  []uint16 // word indices of the nonzero bitset words, ascending
 	words []uint64 // the bitset words
 	h     int      // number of holders (≥ 2)
-	// exts[i·(h−1) + r−1] is the external hash of the holder of rank r ≥ 1 (rank = position in
-	// ascending slot order) on the run's block i. Split runs may share one backing array; each
-	// cell belongs to one block.
-	exts []uint64
+	// exts[i·stride + r−1] is the external hash of the holder of rank r ≥ 1 (rank = position in
+	// ascending slot order) on the run's block i; stride ≥ h−1, and the columns from h−1 on
+	// are room for more holders, so a growing holder set is not copied on every addition.
+	// Split runs may share one backing array; each cell belongs to one block.
+	exts   []uint64
+	stride int
 }
+
+// spareColumns is the room a multi keeps for more holders when its rows are widened: a
+// quarter of the columns in use, so the copies of a growing set stay linear in its size.
+func spareColumns(w int) int { return w / 4 }
 
 func isMulti(h uint32) bool { return h&multiBit != 0 && h != noHolder }
 
@@ -51,8 +57,8 @@ func (sh *shard) freeMulti(h uint32) {
 // splitMulti gives the blocks from k on of multi h their own multi (same holders) and returns it.
 func (sh *shard) splitMulti(h uint32, k int) uint32 {
 	m := sh.multi(h)
-	w := (m.h - 1) * k
-	right := multi{widx: slices.Clone(m.widx), words: slices.Clone(m.words), h: m.h, exts: m.exts[w:]}
+	w := m.stride * k
+	right := multi{widx: slices.Clone(m.widx), words: slices.Clone(m.words), h: m.h, stride: m.stride, exts: m.exts[w:]}
 	m.exts = m.exts[:w:w]
 	return sh.newMulti(right)
 }
@@ -182,7 +188,33 @@ func (sh *shard) extAt(c *chunk, r *run, o uint16, s uint32) (uint64, bool) {
 	if k == 0 {
 		return c.ext1[o], true
 	}
-	return m.exts[int(o-r.off)*(m.h-1)+k-1], true
+	return m.exts[int(o-r.off)*m.stride+k-1], true
+}
+
+// extCol is one holder's column of external hashes along a run: at(o) is the hash on the block
+// at offset o.
+type extCol struct {
+	a             []uint64
+	start, stride int
+}
+
+func (e extCol) at(o uint16) uint64 { return e.a[e.start+int(o)*e.stride] }
+
+// extColumn returns slot s's column of external hashes on run r of chunk c, and whether s holds
+// the run.
+func (sh *shard) extColumn(c *chunk, r *run, s uint32) (extCol, bool) {
+	switch {
+	case r.holder == noHolder:
+		return extCol{}, false
+	case !isMulti(r.holder):
+		return extCol{a: c.ext1, stride: 1}, r.holder == s
+	}
+	m := sh.multi(r.holder)
+	k, ok := m.rank(s)
+	if !ok || k == 0 {
+		return extCol{a: c.ext1, stride: 1}, ok
+	}
+	return extCol{a: m.exts, start: k - 1 - int(r.off)*m.stride, stride: m.stride}, true
 }
 
 // extOf returns slot s's external hash on block id.
@@ -204,7 +236,7 @@ func (sh *shard) setExt(id, s uint32, ext uint64) {
 	if isMulti(r.holder) {
 		m := sh.multi(r.holder)
 		if k, _ := m.rank(s); k > 0 {
-			m.exts[int(o-r.off)*(m.h-1)+k-1] = ext
+			m.exts[int(o-r.off)*m.stride+k-1] = ext
 			return
 		}
 	}
@@ -225,7 +257,7 @@ func (sh *shard) addHolder(ci uint32, ri int, s uint32, exts []uint64) {
 		copy(ext1, exts)
 	case !isMulti(r.holder):
 		t := r.holder
-		m := multi{h: 2, exts: make([]uint64, n)}
+		m := multi{h: 2, stride: 1, exts: make([]uint64, n)}
 		m.set(t)
 		m.set(s)
 		if s < t {
@@ -236,23 +268,29 @@ func (sh *shard) addHolder(ci uint32, ri int, s uint32, exts []uint64) {
 		}
 		r.holder = sh.newMulti(m)
 	default:
+		// The new holder's hash goes in at column col of each row (the old lowest holder's, when
+		// the new one becomes the lowest): in place when the rows have a spare column, else
+		// into rows widened with spare room.
 		m := sh.multi(r.holder)
 		k, _ := m.rank(s)
-		w, nw := m.h-1, m.h
-		next := make([]uint64, n*nw)
-		for i := 0; i < n; i++ {
-			row, dst := m.exts[i*w:(i+1)*w], next[i*nw:(i+1)*nw]
-			if k == 0 {
-				dst[0] = ext1[i]
-				copy(dst[1:], row)
-				ext1[i] = exts[i]
-			} else {
-				copy(dst, row[:k-1])
-				dst[k-1] = exts[i]
-				copy(dst[k:], row[k-1:])
-			}
+		w, col := m.h-1, max(k-1, 0)
+		src, st := m.exts, m.stride
+		dst, ds := src, st
+		if st == w {
+			ds = w + 1 + spareColumns(w+1)
+			dst = make([]uint64, n*ds)
 		}
-		m.exts = next
+		for i := 0; i < n; i++ {
+			row, out := src[i*st:i*st+w], dst[i*ds:i*ds+w+1]
+			v := exts[i]
+			if k == 0 {
+				v, ext1[i] = ext1[i], v
+			}
+			copy(out[col+1:], row[col:])
+			copy(out[:col], row[:col])
+			out[col] = v
+		}
+		m.exts, m.stride = dst, ds
 		m.h++
 		m.set(s)
 	}
@@ -273,7 +311,9 @@ func (sh *shard) removeHolder(ci uint32, ri int, s uint32) {
 	k, _ := m.rank(s)
 	if m.h == 2 {
 		if k == 0 {
-			copy(ext1, m.exts)
+			for i := range ext1 {
+				ext1[i] = m.exts[i*m.stride]
+			}
 		}
 		m.unset(s)
 		other := m.lowest()
@@ -281,19 +321,24 @@ func (sh *shard) removeHolder(ci uint32, ri int, s uint32) {
 		r.holder = other
 		return
 	}
-	w, nw := m.h-1, m.h-2
-	next := make([]uint64, n*nw)
+	// Column col leaves each row (column 0, the new lowest holder's, moves to ext1 when the
+	// lowest leaves): in place, unless the rows would keep too much spare room.
+	w, nw, col := m.h-1, m.h-2, max(k-1, 0)
+	src, st := m.exts, m.stride
+	dst, ds := src, st
+	if st > nw+2*spareColumns(nw)+1 {
+		ds = nw
+		dst = make([]uint64, n*ds)
+	}
 	for i := 0; i < n; i++ {
-		row, dst := m.exts[i*w:(i+1)*w], next[i*nw:(i+1)*nw]
+		row, out := src[i*st:i*st+w], dst[i*ds:i*ds+nw]
 		if k == 0 {
 			ext1[i] = row[0]
-			copy(dst, row[1:])
-		} else {
-			copy(dst, row[:k-1])
-			copy(dst[k-1:], row[k:])
 		}
+		copy(out[:col], row[:col])
+		copy(out[col:], row[col+1:])
 	}
-	m.exts = next
+	m.exts, m.stride = dst, ds
 	m.h--
 	m.unset(s)
 }

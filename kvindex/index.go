@@ -58,7 +58,10 @@ type Config struct {
 // shards of the workers they touch, so listeners of workers in different shards apply in
 // parallel; FindMatches, ExternalHashes and Stats read-lock one shard at a time and run in
 // parallel with each other; Dump read-locks the open shards together. Callers apply the events of
-// one worker in arrival order (§16).
+// one worker in arrival order (§16). A long write lets waiting lookups in every few
+// microseconds, so a lookup may see a Stored or Removed event partly applied (as if it had been
+// split into shorter events) but never a Cleared or RemoveWorker partly applied; a worker's
+// writes never interleave with each other (interleave.go).
 type Index struct {
 	blockSize int
 	shards    []*shard
@@ -88,6 +91,7 @@ func New(cfg Config) *Index {
 	ix := &Index{blockSize: cfg.BlockSize, shards: make([]*shard, n), fill: int32(fill), assigned: make([]atomic.Int32, n)}
 	for i := range ix.shards {
 		sh := newShard(ladder)
+		sh.interleave = true
 		k := int32(i)
 		sh.unassign = func(w uint64) {
 			if ix.assign.CompareAndDelete(w, k) {
@@ -143,8 +147,9 @@ func (ix *Index) shardIndex(workerID uint64, create bool) int32 {
 }
 
 // lockWorker write-locks and returns the shard of workerID (assigning one when create is set),
-// or nil when the worker has none. The assignment is checked again under the lock: it changes
-// only when the worker's last candidate leaves its shard, which needs that shard's lock.
+// or nil when the worker has none, once no other write of the worker is paused there
+// (interleave.go). The assignment is checked again under the lock: it changes only when the
+// worker's last candidate leaves its shard, which needs that shard's lock.
 func (ix *Index) lockWorker(workerID uint64, create bool) *shard {
 	for {
 		k := ix.shardIndex(workerID, create)
@@ -153,19 +158,23 @@ func (ix *Index) lockWorker(workerID uint64, create bool) *shard {
 		}
 		sh := ix.shards[k]
 		sh.mu.Lock()
+		for sh.waitIdle(workerID) {
+		}
 		if v, ok := ix.assign.Load(workerID); ok && v.(int32) == k {
+			sh.beginWrite(workerID)
 			return sh
 		}
 		sh.mu.Unlock()
 	}
 }
 
-// unlockWorker releases sh, first dropping the assignment of a worker left without candidates
-// (an event that stored nothing must not pin a worker to a shard).
+// unlockWorker ends the write on sh and releases it, first dropping the assignment of a worker
+// left without candidates (an event that stored nothing must not pin a worker to a shard).
 func (ix *Index) unlockWorker(sh *shard, workerID uint64) {
 	if sh.workers[workerID] == 0 {
 		sh.unassign(workerID)
 	}
+	sh.endWrite()
 	sh.mu.Unlock()
 }
 
@@ -244,7 +253,7 @@ func (ix *Index) FindMatches(localHashes []uint64, dst []Match) []Match {
 	// progress rather than for each in turn.
 	var busy uint64
 	for i, sh := range ix.shards[:ix.opened.Load()] {
-		if !sh.mu.TryRLock() {
+		if !sh.tryRLock() {
 			busy |= 1 << i
 			continue
 		}
@@ -253,7 +262,7 @@ func (ix *Index) FindMatches(localHashes []uint64, dst []Match) []Match {
 	}
 	for ; busy != 0; busy &= busy - 1 {
 		sh := ix.shards[bits.TrailingZeros64(busy)]
-		sh.mu.RLock()
+		sh.rlock()
 		dst = sh.findMatches(localHashes, dst)
 		sh.mu.RUnlock()
 	}
@@ -275,7 +284,7 @@ func (ix *Index) ExternalHashes(c Candidate, localHashes []uint64, n int) []uint
 		return nil
 	}
 	sh := ix.shards[k]
-	sh.mu.RLock()
+	sh.rlock()
 	defer sh.mu.RUnlock()
 	s, ok := sh.slotOf[c]
 	if !ok {
@@ -327,7 +336,7 @@ func (s *Stats) add(o Stats) {
 func (ix *Index) Stats() Stats {
 	var s Stats
 	for _, sh := range ix.shards {
-		sh.mu.RLock()
+		sh.rlock()
 		s.add(sh.stats())
 		sh.mu.RUnlock()
 	}

@@ -63,8 +63,17 @@ func checkInvariants(ix *Index) error {
 //     child keys of a node distinct, every block reaches the root;
 //   - lookups: a bijection between each slot's entries and the blocks holding the slot, every
 //     entry in the bucket its hash selects, with its fingerprint and split window;
-//   - slots, workers, lower stores and their root index, and every entry counter.
+//   - slots, workers, lower stores and their root index, and every entry counter;
+//   - no clear or paused write left behind (dead slots, pending entries, busy workers).
 func checkShard(sh *shard) error {
+	if sh.ndead != 0 || sh.pendingDevice != 0 || len(sh.busy) != 0 || sh.idleWaiters != 0 {
+		return fmt.Errorf("at rest: %d dead slots, %d pending entries, busy %v, %d waiting writes", sh.ndead, sh.pendingDevice, sh.busy, sh.idleWaiters)
+	}
+	for _, w := range sh.dead {
+		if w != 0 {
+			return fmt.Errorf("dead slots %x at rest", sh.dead)
+		}
+	}
 	pairs := make([]int, len(sh.slots))
 	type runRef struct {
 		ci uint32
@@ -128,8 +137,8 @@ func checkShard(sh *shard) error {
 				if w0, _ := m.word(0, 0); w0 != r.mask() {
 					return fmt.Errorf("run %d: cached word 0 %x, word 0 %x", blockID(uint32(ci), r.off), r.mask(), w0)
 				}
-				if ones != m.h || m.h < 2 || len(m.exts) != int(r.n)*(m.h-1) || len(m.widx) != len(m.words) {
-					return fmt.Errorf("multi of run %d: h %d, %d bits, %d exts for %d blocks", blockID(uint32(ci), r.off), m.h, ones, len(m.exts), r.n)
+				if ones != m.h || m.h < 2 || m.stride < m.h-1 || len(m.exts) != int(r.n)*m.stride || len(m.widx) != len(m.words) {
+					return fmt.Errorf("multi of run %d: h %d, %d bits, stride %d, %d exts for %d blocks", blockID(uint32(ci), r.off), m.h, ones, m.stride, len(m.exts), r.n)
 				}
 			}
 			var err error
@@ -345,13 +354,13 @@ func (sh *shard) checkExtIndex(s uint32) error {
 		}
 		for j := 0; j < extParts; j++ {
 			if b.bound(j) > b.bound(j+1) {
-				return fmt.Errorf("bucket partitions out of order: %v of %d", b.bounds, b.n)
+				return fmt.Errorf("bucket partitions out of order: %v", b.p)
 			}
 		}
-		if int(b.n) > extBucketMax || int(b.n) > b.cap() || len(b.data)%extGroupWords != 0 {
-			return fmt.Errorf("bucket of %d entries, %d words", b.n, len(b.data))
+		if b.size() > extBucketMax || b.p[0] != 0 || b.size() > b.cap() || len(b.data)%extGroupWords != 0 {
+			return fmt.Errorf("bucket of %d entries, %d words, first bound %d", b.size(), len(b.data), b.p[0])
 		}
-		for k := 0; k < int(b.n); k++ {
+		for k := 0; k < b.size(); k++ {
 			idw := b.id(k)
 			id := idw & mask
 			if seen[id] {
@@ -379,12 +388,12 @@ func (sh *shard) checkExtIndex(s uint32) error {
 				return fmt.Errorf("external hash %d is not found again (%v, %d, want %d)", ext, ok, got, id)
 			}
 		}
-		for k := int(b.n); k < b.cap(); k++ {
+		for k := b.size(); k < b.cap(); k++ {
 			if b.fp(k) != 0 || b.id(k) != 0 {
 				return fmt.Errorf("unused entry %d is not zero", k)
 			}
 		}
-		n += int(b.n)
+		n += b.size()
 		i += span
 	}
 	if n != x.count {

@@ -60,7 +60,10 @@ func (sh *shard) storeLower(c Candidate, ev Event) error {
 		sh.syncLower(s)
 	}
 	k := edgeKey{parent: ev.ParentHash, root: !ev.HasParent}
-	for _, b := range ev.Blocks {
+	for i, b := range ev.Blocks {
+		if i%yieldBlocks == yieldBlocks-1 {
+			sh.yield() // the edges so far are stored: a shorter event's state
+		}
 		k.tok = b.TokensHash
 		if k2, ok := ls.rev[b.BlockHash]; ok && k2 != k {
 			// The id now names another block: drop its old edge.

@@ -34,6 +34,9 @@ func isDeviceStore(re RouterEvent) bool {
 	return re.Kind == EventStored && re.Tier == TierDevice
 }
 
+// restoreYield is how many events a candidate's restore checks between yield points.
+const restoreYield = 256
+
 // restorer is the state of one Restore. Per candidate, valid[k] is the k-th well-formed store
 // (an index into the current run of events); the stores hanging below a block of store k form
 // the list kidHead[k] → kidNext[…], each with kidBlock = the parent block's position in store k.
@@ -95,7 +98,10 @@ func (r *restorer) stores(evs []RouterEvent, base int) {
 func (r *restorer) candidate(sh *shard, evs []RouterEvent, idx []int32) {
 	r.valid = r.valid[:0]
 	nblocks := 0
-	for _, i := range idx {
+	for j, i := range idx {
+		if j%restoreYield == restoreYield-1 {
+			sh.yield() // nothing is stored yet; a dumped candidate may have a million events
+		}
 		ev := Event(evs[i])
 		if err := sh.checkStore(ev.Candidate(), ev); err != nil {
 			sh.st.StoresInvalidSequence++
@@ -111,6 +117,9 @@ func (r *restorer) candidate(sh *shard, evs []RouterEvent, idx []int32) {
 	r.kidNext, r.kidBlock = fill(r.kidNext, n, -1), fill(r.kidBlock, n, -1)
 	chainable := true
 	for k, i := range r.valid {
+		if k%restoreYield == restoreYield-1 {
+			sh.yield()
+		}
 		for j, b := range evs[i].Blocks {
 			if !r.where.put(b.BlockHash, int32(k), int32(j)) {
 				chainable = false // a block hash stored twice: its later store moves it

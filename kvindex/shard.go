@@ -3,7 +3,6 @@ package kvindex
 import (
 	"fmt"
 	"math/bits"
-	"slices"
 	"sync"
 )
 
@@ -11,7 +10,8 @@ import (
 // lookups (extindex.go) and their lower-tier stores, for the workers assigned to it. Everything
 // in it is guarded by mu; lookups take the read lock, event application the write lock.
 type shard struct {
-	mu sync.RWMutex
+	mu           sync.RWMutex
+	interleaving // lookups during long writes (interleave.go)
 
 	chunks     []*chunk
 	tail       [2]uint32 // the tail chunks new root chains and new continuations grow from
@@ -25,11 +25,15 @@ type shard struct {
 
 	slotOf    map[Candidate]uint32
 	slots     []slotState // indexed by slot; a free slot has an empty lookup and no lower stores
-	cands     []Candidate // slots[s].cand, packed for the lookup walk
+	cands     []Candidate // slots[s].cand, packed for the lookup walk (whole words of slots)
 	used      []uint64    // bitset of allocated slots
 	lowerBits []uint64    // bitset of slots with a lower-tier store
 	nwords    int         // bitset words covering the highest allocated slot
-	workers   map[uint64]int
+	// dead is the bitset of cleared slots whose entries are still being removed (interleave.go);
+	// lookups ignore them. ndead counts them (0: dead need not be read).
+	dead    []uint64
+	ndead   int
+	workers map[uint64]int
 
 	// lowerRoot lists, per tokens_hash, the slots with a lower-tier edge (ROOT, tokens_hash) in
 	// any tier (the candidates a query can match from the root in lower tiers only); lowerRefs
@@ -76,7 +80,7 @@ type rootRef struct {
 }
 
 func newShard(ladder []uint8) *shard {
-	return &shard{
+	sh := &shard{
 		idBits:    ladder[0],
 		ladder:    ladder,
 		chunks:    []*chunk{{used: 1}},
@@ -87,6 +91,8 @@ func newShard(ladder []uint8) *shard {
 		lowerRoot: make(map[uint64][]uint32),
 		lowerRefs: make(map[rootRef]uint8),
 	}
+	sh.idle = sync.NewCond(&sh.mu)
+	return sh
 }
 
 // apply applies one event with the write lock held (see Index.Apply).
@@ -121,9 +127,11 @@ func (sh *shard) apply(ev Event) error {
 				c, ev.EventID, missing, len(ev.BlockHashes), ev.Tier, ErrBlockNotFound)
 		}
 	case EventCleared:
+		sh.st.EventsApplied++ // counted first: the clear is complete for lookups before its entries are gone
 		if s, ok := sh.slotOf[c]; ok {
-			sh.clearSlot(s)
+			sh.clear(s)
 		}
+		return nil
 	default:
 		sh.st.EventsInvalid++
 		return fmt.Errorf("%v event %d: kind %d: %w", c, ev.EventID, uint8(ev.Kind), ErrInvalidEvent)
@@ -131,6 +139,9 @@ func (sh *shard) apply(ev Event) error {
 	sh.st.EventsApplied++
 	return nil
 }
+
+// yieldBlocks is how many blocks a write handles between yield points (interleave.go).
+const yieldBlocks = 16
 
 // checkStore rejects a store whose blocks repeat a hash or repeat the parent hash (§11.2 step 3).
 func (sh *shard) checkStore(c Candidate, ev Event) error {
@@ -143,7 +154,7 @@ func (sh *shard) checkStore(c Candidate, ev Event) error {
 			}
 		}
 	}
-	if len(blocks) <= 32 {
+	if len(blocks) <= 8 {
 		for i := 1; i < len(blocks); i++ {
 			for j := 0; j < i; j++ {
 				if blocks[i].BlockHash == blocks[j].BlockHash {
@@ -187,6 +198,9 @@ func (sh *shard) storeDevice(c Candidate, ev Event) error {
 	}
 	blocks := ev.Blocks
 	for i := 0; i < len(blocks); {
+		if i > 0 {
+			sh.yield() // the blocks so far are stored: a shorter event's state
+		}
 		x := sh.childOf(cur, blocks[i].TokensHash)
 		if x == rootID {
 			var m int
@@ -196,16 +210,27 @@ func (sh *shard) storeDevice(c Candidate, ev Event) error {
 		}
 		ci, ri := sh.locate(x)
 		ch := sh.chunks[ci]
-		r := ch.runs[ri]
-		if sh.hasHolder(r.holder, s) {
-			// Already held: only the external hash may change. The child is looked up again
-			// for the next block, as rebinding may have dropped the candidate elsewhere.
-			sh.rebind(s, x, blocks[i].BlockHash)
-			cur = x
-			i++
+		r := &ch.runs[ri]
+		o := uint16(x & chunkMask)
+		if col, held := sh.extColumn(ch, r, s); held {
+			// Already held: only the external hashes may change. Along the run (same holders)
+			// each next block is the next id; a changed hash is rebound, which may drop the
+			// candidate elsewhere and reshape runs, so the child is then looked up afresh.
+			end := r.off + r.n
+			for walked := 1; ; walked++ {
+				cur = blockID(ci, o)
+				if h := blocks[i].BlockHash; col.at(o) != h {
+					sh.rebind(s, cur, h)
+					i++
+					break
+				}
+				if i++; i == len(blocks) || o+1 >= end || ch.keys[o+1] != blocks[i].TokensHash || walked == yieldBlocks {
+					break
+				}
+				o++
+			}
 			continue
 		}
-		o := uint16(x & chunkMask)
 		L := 1
 		for end := r.off + r.n; i+L < len(blocks) && o+uint16(L) < end && ch.keys[o+uint16(L)] == blocks[i+L].TokensHash; L++ {
 		}
@@ -220,6 +245,9 @@ func (sh *shard) storeDevice(c Candidate, ev Event) error {
 		// The candidate holds none of these blocks yet, so binding their hashes can only drop
 		// it from blocks outside the stretch, which keeps the stretch intact.
 		for j := 0; j < L; j++ {
+			if j%yieldBlocks == yieldBlocks-1 {
+				sh.yield() // the candidate holds the stretch; its lookup entries follow
+			}
 			sh.bind(s, x+uint32(j), blocks[i+j].BlockHash)
 		}
 		cur = x + uint32(L-1)
@@ -248,6 +276,9 @@ func (sh *shard) storeChain(s, p uint32, blocks []StoredBlock) (uint32, int) {
 	}
 	sh.st.TierEntries[TierDevice] += uint64(m)
 	for j := 0; j < m; j++ {
+		if j%yieldBlocks == yieldBlocks-1 {
+			sh.yield() // the candidate holds the new blocks; their lookup entries follow
+		}
 		sh.bind(s, a+uint32(j), blocks[j].BlockHash)
 	}
 	return a + uint32(m-1), m
@@ -257,12 +288,13 @@ func (sh *shard) storeChain(s, p uint32, blocks []StoredBlock) (uint32, int) {
 // hash. If ext named another block for s, s leaves that block: the engine reuses the id for a
 // new block, so it no longer names the old one (§11.2 step 2 overwrites the mapping).
 func (sh *shard) bind(s, x uint32, ext uint64) {
-	if b, i, y, ok := sh.extFind(s, ext); ok {
-		sh.extSet(b, i, ext, x)
+	h := extHash(ext)
+	if b, i, y, ok := sh.extFindHash(s, ext, h); ok {
+		b.setID(i, x|window(h, b.base, sh.idBits)<<sh.idBits)
 		sh.dropHolder(s, y)
 		return
 	}
-	sh.extInsert(s, ext, x)
+	sh.extInsertHash(s, h, x)
 }
 
 // rebind gives slot s, which holds block x, the external hash ext on it.
@@ -298,7 +330,7 @@ func (sh *shard) dropHolder(s, y uint32) {
 // dropHolderIDs removes slot s from the blocks ids (sorted in place), one holder removal per
 // stretch of consecutive blocks of a run, and prunes what is left empty.
 func (sh *shard) dropHolderIDs(s uint32, ids []uint32) {
-	slices.Sort(ids)
+	sortBlockIDs(ids)
 	for i := 0; i < len(ids); {
 		x := ids[i]
 		ci, ri := sh.locate(x)
@@ -316,6 +348,7 @@ func (sh *shard) dropHolderIDs(s uint32, ids []uint32) {
 			sh.mergeAround(ci, ri)
 		}
 		i += L
+		sh.yield()
 	}
 }
 
@@ -327,8 +360,13 @@ func (sh *shard) remove(c Candidate, t Tier, hashes []uint64) int {
 	}
 	missing := 0
 	if t == TierDevice {
+		// The ids buffer is this removal's until it ends: other writes may run at its yields.
 		ids := sh.ids[:0]
-		for _, h := range hashes {
+		sh.ids = nil
+		for j, h := range hashes {
+			if j%yieldBlocks == yieldBlocks-1 {
+				sh.yield() // lookups see the tree as before the removal
+			}
 			b, i, x, ok := sh.extFind(s, h)
 			if !ok {
 				missing++
@@ -343,7 +381,10 @@ func (sh *shard) remove(c Candidate, t Tier, hashes []uint64) int {
 		sh.dropHolderIDs(s, ids)
 		sh.ids = ids[:0]
 	} else {
-		for _, h := range hashes {
+		for j, h := range hashes {
+			if j%yieldBlocks == yieldBlocks-1 {
+				sh.yield()
+			}
 			if !sh.removeLower(s, t, h) {
 				missing++
 			}
@@ -399,8 +440,19 @@ func (sh *shard) removeWorker(workerID uint64) {
 			cs = append(cs, c)
 		}
 	}
-	for _, c := range cs {
-		sh.clearSlot(sh.slotOf[c])
+	if !sh.interleave {
+		for _, c := range cs {
+			sh.clearSlot(sh.slotOf[c])
+		}
+		return
+	}
+	// Every rank leaves at once; their entries are buried afterwards.
+	dead := make([]deadSlot, len(cs))
+	for i, c := range cs {
+		dead[i] = sh.kill(sh.slotOf[c])
+	}
+	for _, d := range dead {
+		sh.bury(d)
 	}
 }
 
@@ -419,6 +471,8 @@ func (sh *shard) allocSlot(c Candidate) uint32 {
 	}
 	for int(s) >= len(sh.slots) {
 		sh.slots = append(sh.slots, slotState{})
+	}
+	for len(sh.cands) < len(sh.used)*64 {
 		sh.cands = append(sh.cands, Candidate{})
 	}
 	for len(sh.lowerBits) < len(sh.used) {
@@ -436,26 +490,36 @@ func (sh *shard) allocSlot(c Candidate) uint32 {
 // releaseIfEmpty frees slot s when the candidate has no entry in any tier.
 func (sh *shard) releaseIfEmpty(s uint32) {
 	st := &sh.slots[s]
-	if st.ext.count > 0 || st.hasLower() || sh.used[s>>6]&(1<<(s&63)) == 0 {
+	if st.ext.count > 0 || st.hasLower() || sh.used[s>>6]&(1<<(s&63)) == 0 || sh.isDead(s) {
 		return
 	}
 	c := st.cand
 	delete(sh.slotOf, c)
-	*st = slotState{}
-	sh.used[s>>6] &^= 1 << (s & 63)
 	sh.st.Candidates--
+	sh.freeSlot(s)
+	sh.leaveWorker(c.WorkerID)
+}
+
+// freeSlot returns slot s, left without entries, to the free slots.
+func (sh *shard) freeSlot(s uint32) {
+	sh.slots[s] = slotState{}
+	sh.cands[s] = Candidate{}
+	sh.used[s>>6] &^= 1 << (s & 63)
 	for sh.nwords > 0 && sh.used[sh.nwords-1] == 0 {
 		sh.nwords--
 	}
-	sh.cands[s] = Candidate{}
 	for len(sh.slots) > sh.nwords*64 {
 		sh.slots = sh.slots[:len(sh.slots)-1]
-		sh.cands = sh.cands[:len(sh.cands)-1]
 	}
-	if sh.workers[c.WorkerID]--; sh.workers[c.WorkerID] == 0 {
-		delete(sh.workers, c.WorkerID)
+}
+
+// leaveWorker records that a candidate of workerID left the shard; after its last one the
+// worker's assignment is dropped.
+func (sh *shard) leaveWorker(workerID uint64) {
+	if sh.workers[workerID]--; sh.workers[workerID] == 0 {
+		delete(sh.workers, workerID)
 		if sh.unassign != nil {
-			sh.unassign(c.WorkerID)
+			sh.unassign(workerID)
 		}
 	}
 }
@@ -463,6 +527,7 @@ func (sh *shard) releaseIfEmpty(s uint32) {
 // stats returns the shard's counters with Entries filled in.
 func (sh *shard) stats() Stats {
 	s := sh.st
+	s.TierEntries[TierDevice] -= sh.pendingDevice // entries of completed clears not yet removed
 	s.Entries = s.TierEntries[TierDevice]
 	return s
 }

@@ -6,9 +6,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -344,7 +347,7 @@ func TestBaseDeployment(t *testing.T) {
 		for _, e := range c.Env {
 			v := e.Value
 			if e.ValueFrom != nil {
-				v = "from-" + e.Name // downward API values
+				v = strings.ToLower("from-" + strings.ReplaceAll(e.Name, "_", "-")) // downward API values (a valid namespace name)
 			}
 			if e.Name == "DYN_EPP_TOKENIZER_DIR" {
 				v = sharedtest.Qwen3TokenizerDir(t) // what the init container downloads
@@ -406,6 +409,74 @@ func TestBaseDeployment(t *testing.T) {
 			t.Errorf("the init container fetches %q's tokenizer, the EPP serves %q", e.Value, env(c)["DYN_MODEL_NAME"].Value)
 		}
 	})
+	t.Run("the init container's script fetches the optional files a model has and fails on errors", func(t *testing.T) {
+		runFetchScript(t, d.Spec.Template.Spec.InitContainers[0])
+	})
+}
+
+// runFetchScript runs the init container's shell script with curl against a fake Hugging Face
+// Hub: the required files and the optional ones the model has (config.json here) are fetched,
+// an optional file the model lacks (a 404: chat_template.jinja) is skipped, and any other error
+// — a required file missing, an optional one answering 500 — fails the container.
+func runFetchScript(t *testing.T, ic corev1.Container) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("curl is not installed")
+	}
+	if len(ic.Command) != 3 || ic.Command[0] != "sh" {
+		t.Fatalf("init container command %q, want sh -ec <script>", ic.Command)
+	}
+	for _, tc := range []struct {
+		name   string
+		answer map[string]int // file → status (absent: 404)
+		ok     bool
+		files  []string
+	}{
+		{"a model without chat_template.jinja", map[string]int{"tokenizer.json": 200, "tokenizer_config.json": 200, "config.json": 200}, true,
+			[]string{"config.json", "tokenizer.json", "tokenizer_config.json"}},
+		{"a model with every file", map[string]int{"tokenizer.json": 200, "tokenizer_config.json": 200, "config.json": 200, "chat_template.jinja": 200}, true,
+			[]string{"chat_template.jinja", "config.json", "tokenizer.json", "tokenizer_config.json"}},
+		{"a missing tokenizer.json", map[string]int{"tokenizer_config.json": 200}, false, nil},
+		{"an optional file refused", map[string]int{"tokenizer.json": 200, "tokenizer_config.json": 200, "config.json": 403}, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				name := filepath.Base(r.URL.Path)
+				if !strings.HasPrefix(r.URL.Path, "/org/model/resolve/main/") {
+					http.NotFound(w, r)
+					return
+				}
+				st, ok := tc.answer[name]
+				if !ok {
+					st = http.StatusNotFound
+				}
+				w.WriteHeader(st)
+				fmt.Fprintf(w, "%s %d", name, st)
+			}))
+			defer hub.Close()
+			dir := t.TempDir()
+			script := strings.ReplaceAll(ic.Command[2], "/tokenizer", dir)
+			cmd := exec.Command("sh", "-ec", script)
+			cmd.Env = append(os.Environ(), "HF_ENDPOINT="+hub.URL, "TOKENIZER_MODEL=org/model", "TOKENIZER_REVISION=main", "HF_TOKEN=")
+			out, err := cmd.CombinedOutput()
+			if (err == nil) != tc.ok {
+				t.Fatalf("script error %v, want ok=%t; output:\n%s", err, tc.ok, out)
+			}
+			if !tc.ok {
+				return
+			}
+			entries, _ := os.ReadDir(dir)
+			var got []string
+			for _, e := range entries {
+				got = append(got, e.Name())
+				if b, _ := os.ReadFile(filepath.Join(dir, e.Name())); string(b) != e.Name()+" 200" {
+					t.Errorf("%s holds %q", e.Name(), b)
+				}
+			}
+			if !slices.Equal(got, tc.files) {
+				t.Fatalf("fetched %v, want %v; output:\n%s", got, tc.files, out)
+			}
+		})
+	}
 }
 
 // vllmArg returns the value of --name=value in args ("" when absent; present reports bare flags).
@@ -513,5 +584,89 @@ func TestOverlaysRouteTheGatewayToThePool(t *testing.T) {
 				t.Errorf("DestinationRule %+v for an EPP with DYN_EPP_SECURE_SERVING=%s", dr.Spec, secure)
 			}
 		})
+	}
+}
+
+// TestDockerRunCommandsMountDirectoriesThatExist: every `docker run -v $PWD/<dir>:…` in the
+// Dockerfile's header and the README, run from the repository root as they say, mounts a
+// directory that exists there.
+func TestDockerRunCommandsMountDirectoriesThatExist(t *testing.T) {
+	mount := regexp.MustCompile(`-v "?\$PWD/([^:"]+):`)
+	for _, f := range []string{"../Dockerfile", "../README.md"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := mount.FindAllSubmatch(b, -1)
+		if len(found) == 0 {
+			t.Fatalf("%s has no docker run -v $PWD/… mount", f)
+		}
+		for _, m := range found {
+			if st, err := os.Stat(filepath.Join("..", string(m[1]))); err != nil || !st.IsDir() {
+				t.Errorf("%s mounts $PWD/%s, which is not a directory from the repository root: %v", f, m[1], err)
+			}
+		}
+	}
+}
+
+// TestTheREADMEImageOverlayRenders: install step 3 of manifests/README.md points the manifests at
+// the operator's image with an overlay kustomization (its `images:` field — what `kubectl apply
+// -k` understands, no standalone kustomize binary needed). The overlay as the README writes it,
+// with its placeholders filled in, renders and sets the EPP's image.
+func TestTheREADMEImageOverlayRenders(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(readme, []byte("kustomize edit")) {
+		t.Error("README.md uses `kustomize edit`, which kubectl does not provide")
+	}
+	block := regexp.MustCompile("(?s)\n( *)```yaml\n *# (manifests/overlays/[a-z0-9-]+)/kustomization\\.yaml\n(.*?)```").FindSubmatch(readme)
+	if block == nil {
+		t.Fatal("README.md has no ```yaml block starting with `# manifests/overlays/<name>/kustomization.yaml`")
+	}
+	indent := "\n" + string(block[1]) // the block sits in a list item
+	block = [][]byte{nil, block[2], []byte(strings.ReplaceAll("\n"+string(block[3]), indent, "\n"))}
+	fs := filesys.MakeFsInMemory()
+	err = filepath.WalkDir(".", func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".yaml") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return fs.WriteFile(filepath.Join("/manifests", p), b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	overlay := strings.NewReplacer("<registry>", "registry.example.com", "<tag>", "v1.2.3").Replace(string(block[2]))
+	dir := "/" + string(block[1])
+	if err := fs.WriteFile(dir+"/kustomization.yaml", []byte(overlay)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(fs, dir)
+	if err != nil {
+		t.Fatalf("kustomize the README's overlay:\n%s\n%v", overlay, err)
+	}
+	images := 0
+	for _, res := range m.Resources() {
+		if res.GetKind() != "Deployment" || res.GetName() != "kvepp" {
+			continue
+		}
+		js, _ := res.MarshalJSON()
+		var d appsv1.Deployment
+		if err := json.Unmarshal(js, &d); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range d.Spec.Template.Spec.Containers {
+			if c.Name == "epp" && c.Image == "registry.example.com/kvepp/epp:v1.2.3" {
+				images++
+			}
+		}
+	}
+	if images != 1 {
+		t.Fatalf("the README's overlay does not set the epp image to registry.example.com/kvepp/epp:v1.2.3:\n%s", overlay)
 	}
 }

@@ -1,6 +1,7 @@
 package picker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,9 +44,15 @@ type workerEntry struct {
 }
 
 // WorkerPatch is the body of PATCH /workers/{worker_id} (selection-service.md §4.3): every
-// WorkerRecord field except worker_id, model_name and routing_group, all optional. Only non-nil
-// fields overwrite; maps and slices replace wholesale (a non-nil empty value clears them).
+// WorkerRecord field except worker_id, all optional. Only non-nil fields overwrite; maps and
+// slices replace wholesale (a non-nil empty value clears them). A patch cannot move a worker
+// between partitions: ModelName and RoutingGroup may only repeat the worker's own ("" meaning
+// "default"), as a client sending the whole record does.
 type WorkerPatch struct {
+	// ModelName, when non-nil, must equal the worker's model_name (else 400).
+	ModelName *string `json:"model_name,omitempty"`
+	// RoutingGroup, when non-nil, must equal the worker's routing_group (else 400).
+	RoutingGroup *string `json:"routing_group,omitempty"`
 	// Endpoint is the URL callers contact, e.g. http://worker:8000. Nil leaves it unchanged.
 	Endpoint *string `json:"endpoint,omitempty"`
 	// BlockSize is the KV block size in tokens (> 0, equal across the partition). Nil leaves it unchanged.
@@ -86,8 +93,15 @@ type WorkerPatch struct {
 	KVEventSourceMode *string `json:"kv_event_source_mode,omitempty"`
 }
 
-// apply overwrites rec's fields with the supplied fields of p.
+// apply overwrites rec's fields with the supplied fields of p. A patch that changes the endpoint
+// or the rank range drops the record's per-rank endpoints (WorkerRecord.RankEndpoints): they
+// were the discovered ports of the old endpoint.
 func (p *WorkerPatch) apply(rec *WorkerRecord) {
+	if (p.Endpoint != nil && *p.Endpoint != rec.Endpoint) ||
+		(p.DataParallelStartRank != nil && !equalPtr(p.DataParallelStartRank, rec.DataParallelStartRank)) ||
+		(p.DataParallelSize != nil && !equalPtr(p.DataParallelSize, rec.DataParallelSize)) {
+		rec.RankEndpoints = nil
+	}
 	setStr := func(dst *string, v *string) {
 		if v != nil {
 			*dst = *v
@@ -137,8 +151,9 @@ func (p *WorkerPatch) apply(rec *WorkerRecord) {
 }
 
 // ReadyState is the body of GET /ready (selection-service.md §5): Ready is true iff the service is
-// not shutting down and at least one worker is schedulable catalog-wide; SchedulableWorkers counts
-// workers (not ranks); Workers is the whole catalog sorted by worker_id.
+// not shutting down and at least one worker is schedulable catalog-wide (and a candidate);
+// SchedulableWorkers counts those workers (not ranks); Workers is the whole catalog sorted by
+// worker_id.
 type ReadyState struct {
 	// Ready is the readiness verdict.
 	Ready bool `json:"ready"`
@@ -192,7 +207,9 @@ func (s *Service) UpsertWorker(ctx context.Context, rec WorkerRecord, source Sou
 
 // PatchWorker overwrites the supplied fields of an existing worker and re-evaluates it exactly as
 // UpsertWorker does (selection-service.md §4.3); a patch cannot move partitions and keeps the
-// record's source. Errors: KindNotFound "worker {id} not found"; KindNotReady while shutting down.
+// record's source. Errors: KindNotFound "worker {id} not found"; KindNotReady while shutting down;
+// KindBadRequest "PATCH cannot change model_name: …" (or routing_group) for a partition field that
+// differs from the worker's.
 func (s *Service) PatchWorker(ctx context.Context, workerID uint64, patch WorkerPatch) (WorkerState, error) {
 	if s.shuttingDown.Load() {
 		return WorkerState{}, errShuttingDown()
@@ -205,6 +222,17 @@ func (s *Service) PatchWorker(ctx context.Context, workerID uint64, patch Worker
 	old := s.workers[workerID]
 	if old == nil {
 		return WorkerState{}, Errorf(KindNotFound, "worker %d not found", workerID)
+	}
+	for _, f := range [...]struct {
+		name  string
+		given *string
+		have  string
+	}{{"model_name", patch.ModelName, old.key.ModelName}, {"routing_group", patch.RoutingGroup, old.key.RoutingGroup}} {
+		if f.given != nil && cmp.Or(*f.given, DefaultPartitionName) != f.have {
+			return WorkerState{}, Errorf(KindBadRequest,
+				"PATCH cannot change %s (%q → %q): a PATCH cannot move a worker between partitions (selection-service.md §4.3); register the whole record with POST /workers instead",
+				f.name, excerpt.Of(f.have), excerpt.Of(*f.given))
+		}
 	}
 	rec := cloneRecord(old.state.WorkerRecord)
 	patch.apply(&rec)
@@ -310,6 +338,12 @@ func (s *Service) applyLocked(rec WorkerRecord, source Source) (WorkerState, err
 		s.setApproxCapacity(index, &rec)
 	}
 	e.state = WorkerState{WorkerRecord: rec, Source: source}
+	if len(rec.RankEndpoints) > 0 {
+		e.state.DPRankEndpoints = make(map[string]string, len(rec.RankEndpoints))
+		for i, ep := range rec.RankEndpoints {
+			e.state.DPRankEndpoints[strconv.FormatUint(uint64(e.start)+uint64(i), 10)] = ep
+		}
+	}
 	if nowActive {
 		e.state.Lifecycle = LifecycleSchedulable
 	} else {
@@ -317,7 +351,7 @@ func (s *Service) applyLocked(rec WorkerRecord, source Source) (WorkerState, err
 		e.state.NotSchedulableReasons = reasons
 	}
 	s.commitLocked(p, e, index, bs, eagle)
-	return cloneState(e.state), nil
+	return s.outward(e.state), nil
 }
 
 // staticReasons computes the §4.1 reasons that depend only on the record and configuration, and
@@ -349,6 +383,16 @@ func (s *Service) staticReasons(rec *WorkerRecord, e *workerEntry) (reasons []st
 		e.size = size
 	}
 	sizeOK := e.size > 0
+	if len(rec.RankEndpoints) > 0 {
+		if sizeOK && len(rec.RankEndpoints) != int(e.size) {
+			reasons = append(reasons, fmt.Sprintf("rank endpoints: %d given for data_parallel_size %d", len(rec.RankEndpoints), e.size))
+		}
+		for i, ep := range rec.RankEndpoints {
+			if err := ValidateEndpoint(ep); err != nil {
+				reasons = append(reasons, fmt.Sprintf("rank endpoint %d: %v", i, err))
+			}
+		}
+	}
 	reasons = append(reasons, badRankKeyReasons(rec.KVEventsEndpoints)...)
 	if s.cfg.queueing() && rec.MaxNumBatchedTokens == nil {
 		reasons = append(reasons, "max_num_batched_tokens is required while queueing is enabled")
@@ -583,7 +627,7 @@ func (s *Service) DeleteWorker(ctx context.Context, workerID uint64) (WorkerStat
 	s.adjustSchedulable(e, &draining)
 	s.drainLocked(&draining, p)
 	s.SetCandidate(workerID, true) // a later worker of this id starts as a candidate
-	final := cloneState(draining.state)
+	final := s.outward(draining.state)
 	final.Lifecycle = LifecycleUnschedulable
 	return final, nil
 }
@@ -595,7 +639,7 @@ func (s *Service) Workers(model, group string) []WorkerState {
 	out := make([]WorkerState, 0, len(s.workers))
 	for _, e := range s.workers {
 		if (model == "" || e.key.ModelName == model) && (group == "" || e.key.RoutingGroup == group) {
-			out = append(out, cloneState(e.state))
+			out = append(out, s.outward(e.state))
 		}
 	}
 	s.mu.RUnlock()
@@ -619,15 +663,17 @@ func (s *Service) Worker(workerID uint64) (WorkerState, bool) {
 	if e == nil {
 		return WorkerState{}, false
 	}
-	return cloneState(e.state), true
+	return s.outward(e.state), true
 }
 
-// Ready reports readiness (selection-service.md §5).
+// Ready reports readiness (selection-service.md §5): a worker counts as schedulable when its
+// lifecycle is schedulable and it is a candidate (SetCandidate: a pod that is not Ready is
+// registered but cannot be picked, so it cannot make the service ready either).
 func (s *Service) Ready() ReadyState {
 	ws := s.Workers("", "")
 	n := 0
 	for _, w := range ws {
-		if w.Lifecycle == LifecycleSchedulable {
+		if w.Lifecycle == LifecycleSchedulable && w.Candidate {
 			n++
 		}
 	}
@@ -699,6 +745,7 @@ func (s *Service) buildPolicy(key PartitionKey) (pol *policies.WorkerSelectionPo
 }
 
 func cloneRecord(r WorkerRecord) WorkerRecord {
+	r.RankEndpoints = slices.Clone(r.RankEndpoints)
 	r.KVEventsEndpoints = maps.Clone(r.KVEventsEndpoints)
 	r.Taints = slices.Clone(r.Taints)
 	r.TopologyDomains = maps.Clone(r.TopologyDomains)
@@ -712,10 +759,27 @@ func cloneRecord(r WorkerRecord) WorkerRecord {
 	return r
 }
 
+// outward is a copy of a catalog state as the service hands it out, with the worker's current
+// candidacy (the withheld set is kept apart from the entries).
+func (s *Service) outward(st WorkerState) WorkerState {
+	st = cloneState(st)
+	st.Candidate = s.IsCandidate(st.WorkerID)
+	return st
+}
+
 func cloneState(st WorkerState) WorkerState {
 	st.WorkerRecord = cloneRecord(st.WorkerRecord)
 	st.NotSchedulableReasons = slices.Clone(st.NotSchedulableReasons)
+	st.DPRankEndpoints = maps.Clone(st.DPRankEndpoints)
 	return st
+}
+
+// equalPtr reports whether two optional values are both absent or equal.
+func equalPtr[T comparable](a, b *T) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 func clonePtr[T any](p *T) *T {

@@ -242,18 +242,29 @@ func (s *Service) Dump() map[string]PartitionDump {
 // a block size clash with the partition's workers, the policy factory failing, and the index's
 // restore error (which reports how many events failed; the rest are applied).
 func (s *Service) RestorePartition(key PartitionKey, blockSize int, events []kvindex.RouterEvent) error {
-	if err := validatePartition(key.ModelName, key.RoutingGroup); err != nil {
-		return fmt.Errorf("restore %s: %w", excerpt.Of(key.String()), err)
-	}
-	if blockSize <= 0 {
-		return fmt.Errorf("restore %s: block_size must be greater than 0, got %d", key, blockSize)
-	}
-	index, err := s.restoreIndex(key, blockSize)
+	index, err := s.prepareRestore(key, blockSize)
 	if err != nil {
 		return err
 	}
-	// Applied outside the catalog lock so partitions restore in parallel; the index has its own
-	// lock, and a concurrent registration that replaces it only discards the restored rows.
+	return s.restoreInto(index, events)
+}
+
+// prepareRestore validates a recovered partition and returns the index its events go into
+// (restoreIndex).
+func (s *Service) prepareRestore(key PartitionKey, blockSize int) (*partIndex, error) {
+	if err := validatePartition(key.ModelName, key.RoutingGroup); err != nil {
+		return nil, fmt.Errorf("restore %s: %w", excerpt.Of(key.String()), err)
+	}
+	if blockSize <= 0 {
+		return nil, fmt.Errorf("restore %s: block_size must be greater than 0, got %d", key, blockSize)
+	}
+	return s.restoreIndex(key, blockSize)
+}
+
+// restoreInto applies recovered events to index. It runs outside the catalog lock so partitions
+// restore in parallel; the index has its own lock, and a concurrent registration that replaces it
+// only discards the restored rows.
+func (s *Service) restoreInto(index *partIndex, events []kvindex.RouterEvent) error {
 	if index.events != nil {
 		return index.events.Restore(events)
 	}

@@ -98,20 +98,31 @@ type partView struct {
 
 // schedWorker is the selection-time view of one schedulable worker.
 type schedWorker struct {
-	id        uint64
-	endpoint  string
-	start     uint32
-	size      uint32
-	firstCand int32
-	taints    []string // sorted, deduplicated
-	maxBatch  *uint64
-	totalKV   *uint64
+	id       uint64
+	endpoint string
+	// rankEndpoints are the per-rank endpoints (WorkerRecord.RankEndpoints; nil: every rank at
+	// endpoint).
+	rankEndpoints []string
+	start         uint32
+	size          uint32
+	firstCand     int32
+	taints        []string // sorted, deduplicated
+	maxBatch      *uint64
+	totalKV       *uint64
 	// hintType is router_hint_worker_type ("" = cannot consume or serve KV hints, §7.7).
 	hintType string
 	// stateAgent marks kv_event_source_mode "state_agent_v2" (never a hint source).
 	stateAgent bool
 	// hintSources maps a global rank to router_hint_source_control_endpoints[rank].
 	hintSources map[uint32]string
+}
+
+// endpointOf returns the endpoint serving global rank r.
+func (w *schedWorker) endpointOf(r uint32) string {
+	if r >= w.start && int(r-w.start) < len(w.rankEndpoints) {
+		return w.rankEndpoints[r-w.start]
+	}
+	return w.endpoint
 }
 
 // hasRank reports whether rank r is in the worker's range.
@@ -150,13 +161,15 @@ func buildView(index *partIndex, bs uint32, eagle bool, members map[uint64]*work
 	for _, id := range ids {
 		e := members[id]
 		w := &schedWorker{
-			id:        id,
-			endpoint:  e.state.Endpoint,
-			start:     e.start,
-			size:      e.size,
-			firstCand: int32(len(v.cands)),
-			maxBatch:  e.state.MaxNumBatchedTokens,
-			totalKV:   e.state.TotalKVBlocks,
+			id:       id,
+			endpoint: e.state.Endpoint,
+			// Entries are immutable once published, so the view may share the slice.
+			rankEndpoints: e.state.RankEndpoints,
+			start:         e.start,
+			size:          e.size,
+			firstCand:     int32(len(v.cands)),
+			maxBatch:      e.state.MaxNumBatchedTokens,
+			totalKV:       e.state.TotalKVBlocks,
 
 			hintType:   e.state.RouterHintWorkerType,
 			stateAgent: e.state.KVEventSourceMode == KVEventSourceStateAgentV2,

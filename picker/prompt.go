@@ -2,6 +2,7 @@ package picker
 
 import (
 	"math/rand/v2"
+	"slices"
 
 	"github.com/kvepp/kvepp/kvindex"
 )
@@ -75,15 +76,21 @@ func normalizePrompt(pr *Prompt, bs uint32, eagle bool, assumeReuse bool) (normP
 	if mm == nil && len(pr.MMItems) > 0 {
 		mm = blockMMHashes(pr.MMItems, len(pr.TokenIDs), bs)
 	}
-	var local []uint64
-	if eagle {
+	var local, seq []uint64
+	switch {
+	case eagle:
 		local = kvindex.EagleBlockHashes(pr.TokenIDs, int(bs), seed, mm)
-	} else {
+	case pr.HashMemo != nil && mm == nil && bs > 0:
+		local, seq = memoBlockHashes(pr.HashMemo, pr.TokenIDs, bs, seed)
+	default:
 		local = kvindex.AppendBlockHashes(nil, pr.TokenIDs, int(bs), seed, mm)
 	}
 	np := normPrompt{local: local, recordable: true, isl: uint64(len(pr.TokenIDs))}
 	if assumeReuse {
-		np.seq = kvindex.SequenceHashes(local)
+		np.seq = seq
+		if np.seq == nil {
+			np.seq = kvindex.SequenceHashes(local)
+		}
 	} else if len(local) > 0 {
 		np.seq = make([]uint64, len(local))
 		for i := range np.seq {
@@ -97,4 +104,30 @@ func normalizePrompt(pr *Prompt, bs uint32, eagle bool, assumeReuse bool) (normP
 		np.local = []uint64{}
 	}
 	return np, nil
+}
+
+// memoBlockHashes returns the local block hashes of tokens and their sequence hashes, taking those
+// of the memo's prefix from the memo (and storing them there when it lacks some).
+func memoBlockHashes(memo BlockHashMemo, tokens []uint32, bs uint32, seed uint64) (local, seq []uint64) {
+	key := BlockHashKey{BlockSize: bs, Seed: seed}
+	blocks := len(tokens) / int(bs)
+	memoBlocks := min(memo.Tokens(), len(tokens)) / int(bs)
+	kl, ks := memo.LoadBlockHashes(key)
+	known := min(len(kl), len(ks), memoBlocks)
+	local = make([]uint64, known, blocks)
+	seq = make([]uint64, known, blocks)
+	copy(local, kl)
+	copy(seq, ks)
+	local = kvindex.AppendBlockHashes(local, tokens[known*int(bs):blocks*int(bs)], int(bs), seed, nil)
+	if known > 0 {
+		seq = kvindex.AppendSequenceHashesAfter(seq, seq[known-1], local[known:])
+	} else {
+		seq = kvindex.AppendSequenceHashes(seq, local)
+	}
+	if known < memoBlocks {
+		// The memo keeps these slices: nothing writes to a prompt's hashes once computed (they are
+		// looked up, recorded and booked), and the cap stops an append from reaching them.
+		memo.StoreBlockHashes(key, slices.Clip(local[:memoBlocks]), slices.Clip(seq[:memoBlocks]))
+	}
+	return local, seq
 }

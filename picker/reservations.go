@@ -223,7 +223,7 @@ func (s *Service) LoadOnlyPick(ctx context.Context, model string, allowed []uint
 			}
 			best = Selection{
 				ModelName: p.key.ModelName, RoutingGroup: p.key.RoutingGroup, WorkerID: c.WorkerID,
-				DPRank: c.DPRank, Endpoint: w.endpoint, BlockSize: v.blockSize,
+				DPRank: c.DPRank, Endpoint: w.endpointOf(c.DPRank), BlockSize: v.blockSize,
 			}
 		}
 	}

@@ -44,7 +44,7 @@ type Reservation struct {
 	WorkerID uint64 `json:"worker_id"`
 	// DPRank is the booked global rank.
 	DPRank uint32 `json:"dp_rank"`
-	// Endpoint is the worker's endpoint.
+	// Endpoint is the endpoint serving the booked rank (WorkerRecord.RankEndpoint).
 	Endpoint string `json:"endpoint"`
 }
 
@@ -164,7 +164,7 @@ func (s *Service) replay(ctx context.Context, key PartitionKey, pk ledger.Pendin
 	}
 	s.pending.Remove(pk, gen)
 	return Reservation{SelectionID: pk.SelectionID, ModelName: key.ModelName, RoutingGroup: key.RoutingGroup,
-		WorkerID: c.WorkerID, DPRank: c.DPRank, Endpoint: w.endpoint}, nil
+		WorkerID: c.WorkerID, DPRank: c.DPRank, Endpoint: w.endpointOf(c.DPRank)}, nil
 }
 
 // validateExplicitPrompt is §6.3 for an explicit reservation: block_hashes is optional in hash
@@ -253,5 +253,5 @@ func (s *Service) reserveExplicit(ctx context.Context, key PartitionKey, pk ledg
 		return Reservation{}, cancelled(err)
 	}
 	return Reservation{SelectionID: pk.SelectionID, ModelName: key.ModelName, RoutingGroup: key.RoutingGroup,
-		WorkerID: wid, DPRank: rank, Endpoint: w.endpoint}, nil
+		WorkerID: wid, DPRank: rank, Endpoint: w.endpointOf(rank)}, nil
 }

@@ -688,7 +688,7 @@ func fallbacks(v *partView, res policies.Result, n int) []Fallback {
 		if w == nil {
 			continue
 		}
-		out = append(out, Fallback{WorkerID: r.w.WorkerID, DPRank: r.w.DPRank, Endpoint: w.endpoint})
+		out = append(out, Fallback{WorkerID: r.w.WorkerID, DPRank: r.w.DPRank, Endpoint: w.endpointOf(r.w.DPRank)})
 	}
 	return out
 }
@@ -705,7 +705,7 @@ func (s *Service) selection(req *SelectRequest, pr *prepared, ch *choice) Select
 		RoutingGroup:           pr.key.RoutingGroup,
 		WorkerID:               c.WorkerID,
 		DPRank:                 c.DPRank,
-		Endpoint:               w.endpoint,
+		Endpoint:               w.endpointOf(c.DPRank),
 		BlockSize:              v.blockSize,
 		EffectivePrefillTokens: ch.ept,
 		Cost:                   ch.cost,

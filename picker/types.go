@@ -137,6 +137,27 @@ type WorkerRecord struct {
 	RouterHintSourceControlEndpoints map[string]string `json:"router_hint_source_control_endpoints,omitempty"`
 	// KVEventSourceMode "state_agent_v2" makes the worker a hint target only.
 	KVEventSourceMode string `json:"kv_event_source_mode,omitempty"`
+
+	// RankEndpoints, when set, gives each rank its own endpoint: rank DataParallelStartRank+i is
+	// served at RankEndpoints[i] (an InferencePool pod serves dp_rank r on spec.targetPorts[r],
+	// epp.md §10.3). Discovery sets it; it is never read from JSON (GET /workers shows it as
+	// dp_rank_endpoints). It must list every rank with a valid endpoint, else the worker is
+	// incomplete. A POST /workers replaces the record and with it this field; a PATCH that
+	// changes endpoint or the rank range drops it. Empty: every rank is served at Endpoint.
+	RankEndpoints []string `json:"-"`
+}
+
+// RankEndpoint returns the endpoint that serves global rank dpRank: RankEndpoints' entry for it
+// when the record has one, else Endpoint.
+func (r *WorkerRecord) RankEndpoint(dpRank uint32) string {
+	start := uint32(0)
+	if r.DataParallelStartRank != nil {
+		start = *r.DataParallelStartRank
+	}
+	if dpRank >= start && uint64(dpRank-start) < uint64(len(r.RankEndpoints)) {
+		return r.RankEndpoints[dpRank-start]
+	}
+	return r.Endpoint
 }
 
 // WorkerState is a catalog record as GET /workers, /ready and the worker routes return it: the record
@@ -147,6 +168,15 @@ type WorkerState struct {
 	Lifecycle string `json:"lifecycle"`
 	// NotSchedulableReasons are the §4.1 reasons (omitted when empty).
 	NotSchedulableReasons []string `json:"not_schedulable_reasons,omitempty"`
+	// Candidate is false while the worker is registered but withheld from picks (SetCandidate:
+	// a discovered pod whose Ready condition is not True, epp.md §10.2); only candidates count
+	// as schedulable in /ready. Always true without discovery. A kvepp addition to the §4.5
+	// record.
+	Candidate bool `json:"candidate"`
+	// DPRankEndpoints maps each global rank (decimal) to its endpoint when the record's ranks
+	// are served on their own ports (WorkerRecord.RankEndpoints; omitted otherwise). A kvepp
+	// addition to the §4.5 record.
+	DPRankEndpoints map[string]string `json:"dp_rank_endpoints,omitempty"`
 	// Source is who registered the worker (not part of the JSON record, epp.md §11.3).
 	Source Source `json:"-"`
 }
@@ -179,6 +209,10 @@ type Prompt struct {
 	CacheSalt string
 	// IsEagle overrides the partition's eagle hashing when non-nil.
 	IsEagle *bool
+	// HashMemo, when non-nil, holds the block hashes of the first HashMemo.Tokens() token ids,
+	// which an earlier request shared (a conversation prefix, tokenizer.ConversationCache): the
+	// token form then hashes only the blocks after them. Not part of the HTTP API.
+	HashMemo BlockHashMemo
 
 	// HashForm marks the precomputed form; the fields below are then used as-is.
 	HashForm bool
@@ -192,6 +226,30 @@ type Prompt struct {
 	// "isl_tokens must be greater than 0" rather than as missing (§6.3). A non-zero ISLTokens
 	// counts as supplied either way.
 	ISLTokensSet bool
+}
+
+// BlockHashMemo keeps the block hashes of a token prefix shared by several prompts (epp issue 15:
+// hashing reuse for continuing conversations). A prompt carrying one promises that its first
+// Tokens() token ids are the memo's; the picker loads what was computed before and stores what it
+// computes, per hashing key (block size and seed: LoRA name and cache namespace). Implementations
+// are safe for concurrent use.
+type BlockHashMemo interface {
+	// Tokens is the length of the memo's token prefix, tokens.
+	Tokens() int
+	// LoadBlockHashes returns the local block hashes and their sequence hashes (equal lengths)
+	// known for key, covering the first len(local) blocks of the prefix; nil when none are.
+	LoadBlockHashes(key BlockHashKey) (local, seq []uint64)
+	// StoreBlockHashes keeps the hashes of the prefix's first len(local) blocks for key. The
+	// slices are not modified afterwards; the memo may keep them.
+	StoreBlockHashes(key BlockHashKey, local, seq []uint64)
+}
+
+// BlockHashKey is what block hashes depend on besides the tokens (kv-events-index.md §1.1, §1.2).
+type BlockHashKey struct {
+	// BlockSize is tokens per block.
+	BlockSize uint32
+	// Seed is kvindex.Seed(lora_name, cache namespace).
+	Seed uint64
 }
 
 // MMItem is one multimodal item of a token-form prompt: the token range [Start, End) it occupies
@@ -400,7 +458,7 @@ type Selection struct {
 	WorkerID uint64
 	// DPRank is the chosen global rank.
 	DPRank uint32
-	// Endpoint is the worker's endpoint.
+	// Endpoint is the endpoint serving the chosen rank (WorkerRecord.RankEndpoint).
 	Endpoint string
 	// BlockSize is the partition block size in tokens.
 	BlockSize uint32
@@ -437,6 +495,6 @@ type Fallback struct {
 	WorkerID uint64
 	// DPRank is its rank.
 	DPRank uint32
-	// Endpoint is its endpoint.
+	// Endpoint is the endpoint serving that rank (WorkerRecord.RankEndpoint).
 	Endpoint string
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvepp/kvepp/extproc"
 	"github.com/kvepp/kvepp/extproc/tokenizer"
+	"github.com/kvepp/kvepp/internal/excerpt"
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/kvindex/kvevents"
 	"github.com/kvepp/kvepp/picker"
@@ -44,14 +45,24 @@ func (a kvEventSource) DetachWorker(workerID uint64) { a.m.Detach(workerID) }
 // tokenizerSet implements extproc.Tokenizers over tokenizers loaded once per directory and shared
 // by every model and stream that uses them (epp.md §5.4 "load once per model").
 type tokenizerSet struct {
+	// convCache is the local tokenizers' conversation cache (nil unless local mode with
+	// DYN_EPP_CONVERSATION_CACHE_BYTES > 0), shared by all of them.
+	convCache *tokenizer.ConversationCache
+
 	byModel map[string]extproc.RequestTokenizer
 	def     extproc.RequestTokenizer // DYN_EPP_TOKENIZER_DIR's, or the byte fallback; may be nil
+	// protocol is DYN_EPP_TOKENIZER_PROTOCOL's effective value: it decides which settings the
+	// error for a model without a tokenizer names.
+	protocol string
 }
 
 var _ extproc.Tokenizers = (*tokenizerSet)(nil)
 
-// ForModel implements extproc.Tokenizers: the model's own tokenizer from DYN_EPP_TOKENIZERS, else
-// the default one. A model with neither is an internal error (a deployment mistake, 500).
+// ForModel implements extproc.Tokenizers: the model's own tokenizer (DYN_EPP_TOKENIZERS, or its
+// render URL from DYN_EPP_TOKENIZER_SERVICE_URLS), else the default one (DYN_EPP_TOKENIZER_DIR,
+// DYN_EPP_TOKENIZER_SERVICE_URL). A model with neither is an internal error (a deployment
+// mistake, 500) naming the settings of the protocol in use — never the other models configured,
+// which are the operator's business, not the client's.
 func (s *tokenizerSet) ForModel(model string) (extproc.RequestTokenizer, error) {
 	if t, ok := s.byModel[model]; ok {
 		return t, nil
@@ -59,18 +70,16 @@ func (s *tokenizerSet) ForModel(model string) (extproc.RequestTokenizer, error) 
 	if s.def != nil {
 		return s.def, nil
 	}
-	models := make([]string, 0, len(s.byModel))
-	for m := range s.byModel {
-		models = append(models, m)
+	if s.protocol == TokenizerProtocolVLLMRender {
+		return nil, picker.Errorf(picker.KindInternal, "no render URL is configured for model %q: set DYN_EPP_TOKENIZER_SERVICE_URL (for every model) or add the model to DYN_EPP_TOKENIZER_SERVICE_URLS", excerpt.Of(model))
 	}
-	sort.Strings(models)
-	return nil, picker.Errorf(picker.KindInternal, "no tokenizer is configured for model %q (DYN_EPP_TOKENIZERS lists %v and DYN_EPP_TOKENIZER_DIR is unset)", model, models)
+	return nil, picker.Errorf(picker.KindInternal, "no tokenizer is configured for model %q: set DYN_EPP_TOKENIZER_DIR (for every model) or add the model to DYN_EPP_TOKENIZERS", excerpt.Of(model))
 }
 
 // loadTokenizers builds the Tokenizers of the configured protocol: local loads every distinct
 // directory once (errors name the setting); none uses the byte-level fallback.
 func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
-	set := &tokenizerSet{byModel: map[string]extproc.RequestTokenizer{}}
+	set := &tokenizerSet{byModel: map[string]extproc.RequestTokenizer{}, protocol: cfg.EffectiveTokenizerProtocol()}
 	switch cfg.EffectiveTokenizerProtocol() {
 	case TokenizerProtocolNone:
 		// Start warns about this mode once it is up, so the warning never precedes an
@@ -78,13 +87,16 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		set.def = byteTokenizer{}
 		return set, nil
 	case TokenizerProtocolVLLMRender:
-		if err := loadRenderTokenizers(cfg, set); err != nil {
+		if err := loadRenderTokenizers(cfg, set, log); err != nil {
 			return nil, err
 		}
 		return set, nil
 	case TokenizerProtocolLocal:
 	default:
 		return nil, fmt.Errorf("invalid %s %q: not supported", cfg.name("DYN_EPP_TOKENIZER_PROTOCOL"), cfg.EffectiveTokenizerProtocol())
+	}
+	if cfg.ConversationCacheBytes > 0 {
+		set.convCache = tokenizer.NewConversationCache(cfg.ConversationCacheBytes)
 	}
 	load := func(setting, dir, model string) (*tokenizer.Tokenizer, error) {
 		resolved, err := tokenizer.ResolveDir(dir, model)
@@ -95,6 +107,14 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		if err != nil {
 			return nil, fmt.Errorf("invalid %s %q: %w", setting, dir, err)
 		}
+		if !t.HasChatTemplate() {
+			log.Warn().Str("setting", setting).Str("dir", resolved).Str("model", model).
+				Msg("tokenizer has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja): chat and Responses requests for this model get 400; completions work. Add the model's chat template file, or use DYN_EPP_TOKENIZER_PROTOCOL=vllm-render")
+		}
+		if t.MaxModelLenDefaulted() {
+			log.Info().Str("setting", setting).Str("dir", resolved).Int("max_model_len", t.MaxModelLen()).
+				Msg("neither config.json nor tokenizer_config.json names the model's context length: /tokenize reports vLLM's default max_model_len; add the model's config.json for the real one")
+		}
 		return t, nil
 	}
 	if cfg.TokenizerDir != "" {
@@ -102,7 +122,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		set.def = localTokenizer{t, cfg.ImageTokens}
+		set.def = localTokenizer{t, cfg.ImageTokens, set.convCache}
 	}
 	models := make([]string, 0, len(cfg.Tokenizers))
 	for m := range cfg.Tokenizers {
@@ -114,7 +134,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		set.byModel[m] = localTokenizer{t, cfg.ImageTokens}
+		set.byModel[m] = localTokenizer{t, cfg.ImageTokens, set.convCache}
 	}
 	return set, nil
 }

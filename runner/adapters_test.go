@@ -117,7 +117,7 @@ func TestTokenizersAreLoadedOncePerDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again.def != set.def {
+	if again.def.(localTokenizer).Tokenizer != set.def.(localTokenizer).Tokenizer {
 		t.Fatal("a second Start loaded the unchanged directory again")
 	}
 }

@@ -16,8 +16,10 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"github.com/rs/zerolog"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/kvepp/kvepp/extproc/tokenizer"
+	"github.com/kvepp/kvepp/picker"
 )
 
 // Tokenizer protocols accepted by DYN_EPP_TOKENIZER_PROTOCOL (epp.md §5.4).
@@ -91,6 +93,12 @@ type Config struct {
 	IndexerPeers []string `env:"DYN_EPP_INDEXER_PEERS" flag:"indexer-peers" help:"comma list of peer selection base URLs for /dump recovery"`
 	// RecoveryTimeout bounds startup recovery (DYN_EPP_RECOVERY_TIMEOUT_SECS, seconds).
 	RecoveryTimeout Seconds `env:"DYN_EPP_RECOVERY_TIMEOUT_SECS" envDefault:"30" flag:"recovery-timeout-secs" help:"bound on startup /dump recovery, seconds"`
+	// RecoveryMaxBytes bounds one peer's /dump body read by startup recovery
+	// (DYN_EPP_RECOVERY_MAX_BYTES, bytes, > 0); a larger dump is refused and the next peer tried.
+	RecoveryMaxBytes int64 `env:"DYN_EPP_RECOVERY_MAX_BYTES" envDefault:"1073741824" help:"largest peer /dump recovery reads, bytes"`
+	// RecoveryMaxEvents bounds the events startup recovery accepts from one peer's /dump
+	// (DYN_EPP_RECOVERY_MAX_EVENTS, > 0); a dump with more is refused and the next peer tried.
+	RecoveryMaxEvents int `env:"DYN_EPP_RECOVERY_MAX_EVENTS" envDefault:"4194304" help:"most events recovery accepts from one peer /dump"`
 
 	// --- replica sync and peer EPPs (epp.md §10.4, §11.2; selection-service.md §15) ---
 
@@ -132,6 +140,10 @@ type Config struct {
 	// ImageTokens is the number of tokens each image of a chat request is booked as (local mode;
 	// the blocks from the first image on are uncached, epp.md §5.4 as extended by kvepp).
 	ImageTokens int `env:"DYN_EPP_IMAGE_TOKENS" envDefault:"256" help:"tokens booked per image part in local mode"`
+	// ConversationCacheBytes bounds the local tokenizers' conversation cache, which reuses the
+	// tokens of a conversation's earlier turns (tokenizer.ConversationCache), in bytes; 0 disables
+	// it (DYN_EPP_CONVERSATION_CACHE_BYTES).
+	ConversationCacheBytes int64 `env:"DYN_EPP_CONVERSATION_CACHE_BYTES" envDefault:"134217728" help:"memory bound of the local tokenizers' conversation cache, bytes (0 = off)"`
 
 	// --- ext_proc limits and serving (epp.md §2, §5, §9) ---
 
@@ -276,7 +288,9 @@ func ParseBool(s string) (bool, error) {
 	return false, errors.New("must be one of true, false, 1, 0, yes, no")
 }
 
-// Seconds is a duration setting written in (possibly fractional) seconds.
+// Seconds is a duration setting written in (possibly fractional) seconds. Parsing accepts any
+// finite number; each setting's range (> 0, or >= 0) is checked by Validate, so -1 and 0 of a
+// setting that must be positive get the same message.
 type Seconds time.Duration
 
 // UnmarshalText implements encoding.TextUnmarshaler.
@@ -285,10 +299,7 @@ func (s *Seconds) UnmarshalText(text []byte) error {
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
 		return errors.New("must be a finite number of seconds")
 	}
-	if f < 0 {
-		return errors.New("must be >= 0")
-	}
-	if f > float64(math.MaxInt64)/float64(time.Second) {
+	if math.Abs(f) > float64(math.MaxInt64)/float64(time.Second) {
 		return errors.New("is too large")
 	}
 	*s = Seconds(time.Duration(f * float64(time.Second)))
@@ -750,6 +761,9 @@ func (c *Config) Validate() error {
 	if c.RequestBodyTimeout <= 0 {
 		return c.invalid("DYN_EPP_REQUEST_BODY_TIMEOUT_SECS", c.RequestBodyTimeout.Duration().Seconds(), "must be > 0")
 	}
+	if c.DrainTimeout < 0 {
+		return c.invalid("DYN_EPP_DRAIN_TIMEOUT_SECS", c.DrainTimeout.Duration().Seconds(), "must be >= 0")
+	}
 	if c.CertPath != "" && !bool(c.SecureServing) {
 		return c.invalid("DYN_EPP_CERT_PATH", c.CertPath, "requires DYN_EPP_SECURE_SERVING=true")
 	}
@@ -771,9 +785,9 @@ func (c *Config) Validate() error {
 }
 
 // validatePoolDiscovery checks the InferencePool discovery settings (epp.md §2): with
-// DYN_EPP_INFERENCE_POOL_NAME, POD_NAMESPACE and DYN_MODEL_NAME are required and
-// DYN_EPP_WORKERS_FILE must be unset; the KV event ports are ports (the replay port may be 0 =
-// off).
+// DYN_EPP_INFERENCE_POOL_NAME (a DNS-1123 subdomain, as every Kubernetes object name),
+// POD_NAMESPACE (a DNS-1123 label) and DYN_MODEL_NAME are required and DYN_EPP_WORKERS_FILE must
+// be unset; the KV event ports are ports (the replay port may be 0 = off).
 func (c *Config) validatePoolDiscovery() error {
 	if c.KVEventPort < 1 || c.KVEventPort > 65535 {
 		return c.invalid("DYN_EPP_KV_EVENT_PORT", c.KVEventPort, "must be a port in 1..65535")
@@ -783,6 +797,14 @@ func (c *Config) validatePoolDiscovery() error {
 	}
 	if c.InferencePoolName == "" {
 		return nil
+	}
+	if errs := validation.IsDNS1123Subdomain(c.InferencePoolName); len(errs) > 0 {
+		return c.invalid("DYN_EPP_INFERENCE_POOL_NAME", c.InferencePoolName, "must be a Kubernetes object name (DNS-1123 subdomain: %s)", strings.Join(errs, "; "))
+	}
+	if c.PodNamespace != "" {
+		if errs := validation.IsDNS1123Label(c.PodNamespace); len(errs) > 0 {
+			return c.invalid("POD_NAMESPACE", c.PodNamespace, "must be a Kubernetes namespace name (DNS-1123 label: %s)", strings.Join(errs, "; "))
+		}
 	}
 	switch {
 	case c.WorkersFile != "":
@@ -802,8 +824,14 @@ func (c *Config) validateRouter() error {
 			return c.invalid("DYN_EPP_INDEXER_PEERS", strings.Join(c.IndexerPeers, ","), "peer %q must be an http(s) base URL", peer)
 		}
 	}
-	if len(c.IndexerPeers) > 0 && c.RecoveryTimeout <= 0 {
+	if (len(c.IndexerPeers) > 0 && c.RecoveryTimeout == 0) || c.RecoveryTimeout < 0 {
 		return c.invalid("DYN_EPP_RECOVERY_TIMEOUT_SECS", c.RecoveryTimeout.Duration().Seconds(), "must be > 0")
+	}
+	if c.RecoveryMaxBytes <= 0 {
+		return c.invalid("DYN_EPP_RECOVERY_MAX_BYTES", c.RecoveryMaxBytes, "must be > 0")
+	}
+	if c.RecoveryMaxEvents <= 0 {
+		return c.invalid("DYN_EPP_RECOVERY_MAX_EVENTS", c.RecoveryMaxEvents, "must be > 0")
 	}
 
 	nonNeg := []struct {
@@ -944,6 +972,9 @@ func (c *Config) validateTokenizer() error {
 	if c.ImageTokens < 0 {
 		return c.invalid("DYN_EPP_IMAGE_TOKENS", c.ImageTokens, "must be >= 0")
 	}
+	if c.ConversationCacheBytes < 0 {
+		return c.invalid("DYN_EPP_CONVERSATION_CACHE_BYTES", c.ConversationCacheBytes, "must be >= 0")
+	}
 	return nil
 }
 
@@ -985,4 +1016,10 @@ func (c *Config) EffectiveTokenizerProtocol() string {
 		return TokenizerProtocolVLLMRender
 	}
 	return TokenizerProtocolNone
+}
+
+// dumpLimits are the bounds of a recovered /dump (DYN_EPP_RECOVERY_MAX_BYTES,
+// DYN_EPP_RECOVERY_MAX_EVENTS).
+func (c *Config) dumpLimits() picker.DumpLimits {
+	return picker.DumpLimits{MaxBytes: c.RecoveryMaxBytes, MaxEvents: c.RecoveryMaxEvents}
 }

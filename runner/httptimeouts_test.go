@@ -3,11 +3,14 @@ package runner
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -127,6 +130,53 @@ func TestHTTPServersGetDefaultTimeouts(t *testing.T) {
 				if got != tc.want {
 					t.Fatalf("%s server timeouts %+v, want %+v", name, got, tc.want)
 				}
+			}
+		})
+	}
+}
+
+// TestOversizedHeadersGetAJSONError (finding 21): request headers over the side port's 1 MiB
+// limit are answered 431 with the API's JSON error body, up to the 8 MiB net/http reads at all;
+// below the limit they pass.
+func TestOversizedHeadersGetAJSONError(t *testing.T) {
+	cfg := loopbackConfig(t)
+	cfg.TokenizerDir, cfg.TokenizerProtocol, cfg.UseKVEvents = "", TokenizerProtocolNone, false
+	inst := startInstance(t, cfg)
+	for _, tc := range []struct {
+		name string
+		size int
+		code int
+		json bool
+	}{
+		{"headers below the limit pass", 900 << 10, http.StatusOK, true},
+		{"1.5 MiB of headers", 1536 << 10, http.StatusRequestHeaderFieldsTooLarge, true},
+		{"6 MiB of headers", 6 << 20, http.StatusRequestHeaderFieldsTooLarge, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", inst.Addrs().Selection)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			w := bufio.NewWriter(conn)
+			fmt.Fprintf(w, "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n", strings.Repeat("a", tc.size))
+			if err := w.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var e struct {
+				Error string `json:"error"`
+			}
+			if resp.StatusCode != tc.code || (json.Unmarshal(body, &e) != nil) == tc.json {
+				t.Fatalf("status %d %q (content-type %q), want %d with a JSON body", resp.StatusCode, body, resp.Header.Get("Content-Type"), tc.code)
+			}
+			if tc.code == http.StatusRequestHeaderFieldsTooLarge && !strings.Contains(e.Error, "the limit is 1048576 bytes") {
+				t.Fatalf("error %q", e.Error)
 			}
 		})
 	}

@@ -13,7 +13,6 @@ import (
 	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/kvepp/kvepp/extproc"
 	"github.com/kvepp/kvepp/picker/discovery"
 )
 
@@ -138,7 +137,7 @@ func (i *Instance) awaitPoolReady(runCtx context.Context, cfg Config, log zerolo
 		}
 	}
 	if len(i.recoveryPeers) > 0 {
-		recovered := recoverIndex(runCtx, i.Service, i.recoveryPeers, cfg.RecoveryTimeout.Duration(), log)
+		recovered := recoverIndex(runCtx, i.Service, i.recoveryPeers, cfg, log)
 		if i.events != nil {
 			i.events.ReleaseEvents(recovered)
 		}
@@ -151,15 +150,6 @@ func (i *Instance) awaitPoolReady(runCtx context.Context, cfg Config, log zerolo
 	st := i.pool.Stats()
 	log.Info().Str("inference_pool", cfg.PodNamespace+"/"+cfg.InferencePoolName).Int("registered_pods", st.Registered).
 		Int("ready_pods", st.Candidates).Msg("kvepp ready")
-}
-
-// rankAddresses is the per-rank address resolver of discovered pods for ext_proc, or nil (an
-// untyped nil interface) without InferencePool discovery.
-func (i *Instance) rankAddresses() extproc.RankAddresses {
-	if i.pool == nil {
-		return nil
-	}
-	return i.pool
 }
 
 // poolName is "namespace/name" of the served InferencePool, or "" without one.

@@ -103,10 +103,18 @@ func TestInferencePoolEPP(t *testing.T) {
 		ModelName string `json:"model_name"`
 		Endpoint  string `json:"endpoint"`
 	}
-	if code := httpJSON(t, "GET", "http://"+inst.Addrs().Selection+"/workers", nil, &workers); code != 200 || len(workers) != 1 ||
-		workers[0].WorkerID != discovery.HashPodName("vllm-0") || workers[0].Endpoint != "http://127.0.0.1:"+strconv.Itoa(port) ||
-		workers[0].ModelName != cfg.ModelName {
-		t.Fatalf("GET /workers = %d %+v", code, workers)
+	// Readiness may turn on before the pod's Running status reaches the cache (a pool with no
+	// registered pod is ready, epp.md §9), so wait for the pod to be registered.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		workers = nil
+		code := httpJSON(t, "GET", "http://"+inst.Addrs().Selection+"/workers", nil, &workers)
+		if code == 200 && len(workers) == 1 && workers[0].WorkerID == discovery.HashPodName("vllm-0") &&
+			workers[0].Endpoint == "http://127.0.0.1:"+strconv.Itoa(port) && workers[0].ModelName == cfg.ModelName {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET /workers = %d %+v", code, workers)
+		}
 	}
 
 	c := extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC))

@@ -27,10 +27,11 @@ func startApproximate(t *testing.T, yml string) (*Instance, *extproctest.Client)
 	return inst, extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC))
 }
 
-// TestLoadOnlyPicksHonourThePartitionWithTheRealCore plays gzip-encoded requests (load-only picks,
-// epp.md §5.7) against the embedded selection core with two workers of the served model, one in
-// the EPP's routing group and one in another: every pick lands on the partition's worker, as a
-// tokenized request would (with random ties, 24 picks over both would miss it with odds 2^-24).
+// TestLoadOnlyPicksHonourThePartitionWithTheRealCore plays requests in an encoding kvepp cannot
+// read (load-only picks, epp.md §5.7) against the embedded selection core with two workers of the
+// served model, one in the EPP's routing group and one in another: every pick lands on the
+// partition's worker, as a tokenized request would (with random ties, 24 picks over both would
+// miss it with odds 2^-24).
 func TestLoadOnlyPicksHonourThePartitionWithTheRealCore(t *testing.T) {
 	var yml string
 	for i, group := range []string{"default", "prefill"} {
@@ -40,8 +41,8 @@ func TestLoadOnlyPicksHonourThePartitionWithTheRealCore(t *testing.T) {
 	_, client := startApproximate(t, yml)
 	for i := 0; i < 24; i++ {
 		ex, err := client.Do(context.Background(), extproctest.Request{
-			Body:    []byte{0x1f, 0x8b, 0x08},
-			Headers: []extproctest.Header{{Key: "content-encoding", Value: "gzip"}},
+			Body:    []byte{0x28, 0xb5, 0x2f, 0xfd},
+			Headers: []extproctest.Header{{Key: "content-encoding", Value: "zstd"}},
 		})
 		if err != nil {
 			t.Fatal(err)

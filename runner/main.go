@@ -14,8 +14,9 @@ import (
 // number (130 for SIGINT) instead of waiting for the drain window (epp.md §9). Both signals stay
 // subscribed until exit, so this holds even when the process inherited SIGINT as ignored (a
 // background job of a non-interactive shell), where restoring the default disposition would
-// restore "ignored". When run fails, Main prints "name: <error>" to standard error and exits with
-// status 1; otherwise it returns.
+// restore "ignored". The second signal is logged as a JSON warning on standard error. When run
+// fails, Main prints "name: <error>" to standard error and exits with status 1; otherwise it
+// returns.
 func Main(name string, run func(ctx context.Context, args []string) error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -26,7 +27,11 @@ func Main(name string, run func(ctx context.Context, args []string) error) {
 		first := <-sigs
 		cancel()
 		second := <-sigs
-		fmt.Fprintf(os.Stderr, "%s: second signal (%v) after %v: exiting now, without waiting for the drain\n", name, second, first)
+		// A JSON line like every other log line (the configured level is not known here; a
+		// warning passes every level but error).
+		log := newLogger("info")
+		log.Warn().Str("command", name).Str("signal", second.String()).Str("first_signal", first.String()).
+			Msg("second signal: exiting now, without waiting for the drain")
 		code := 1
 		if s, ok := second.(syscall.Signal); ok {
 			code = 128 + int(s)

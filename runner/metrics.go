@@ -27,7 +27,7 @@ var (
 	descKVRestarts = prometheus.NewDesc("kvepp_kv_event_publisher_restarts_total",
 		"KV event publishers detected as restarted at the same address.", nil, nil)
 	descReadyWorkers = prometheus.NewDesc("kvepp_ready_workers",
-		"Schedulable workers in the catalog.", nil, nil)
+		"Schedulable workers in the catalog that may be picked (discovered pods whose Ready condition is True).", nil, nil)
 	descWorkers = prometheus.NewDesc("kvepp_workers",
 		"Workers in the catalog by lifecycle.", []string{"lifecycle"}, nil)
 	descActiveRequests = prometheus.NewDesc("kvepp_selection_active_requests",
@@ -93,10 +93,14 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		picker.LifecycleIncomplete: 0, picker.LifecycleSchedulable: 0,
 		picker.LifecycleDraining: 0, picker.LifecycleUnschedulable: 0,
 	}
+	ready := 0
 	for _, w := range c.svc.Workers("", "") {
 		byLifecycle[w.Lifecycle]++
+		if w.Lifecycle == picker.LifecycleSchedulable && w.Candidate {
+			ready++
+		}
 	}
-	ch <- prometheus.MustNewConstMetric(descReadyWorkers, prometheus.GaugeValue, float64(byLifecycle[picker.LifecycleSchedulable]))
+	ch <- prometheus.MustNewConstMetric(descReadyWorkers, prometheus.GaugeValue, float64(ready))
 	for lc, n := range byLifecycle {
 		ch <- prometheus.MustNewConstMetric(descWorkers, prometheus.GaugeValue, float64(n), lc)
 	}

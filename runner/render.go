@@ -2,9 +2,14 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"sort"
+	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/kvepp/kvepp/extproc"
 	"github.com/kvepp/kvepp/extproc/tokenizer"
@@ -15,7 +20,37 @@ import (
 // renderTokenizer adapts a vllmrender.Client to the ext_proc tokenizer interfaces
 // (DYN_EPP_TOKENIZER_PROTOCOL=vllm-render, epp.md §5.4): the server calls TokenizePrompt with the
 // stream's context and x-request-id; the per-kind methods exist for callers without a stream.
-type renderTokenizer struct{ c *vllmrender.Client }
+type renderTokenizer struct {
+	c *vllmrender.Client
+	// log receives the render failures the client cannot diagnose (renderFailed); nil logs
+	// nothing.
+	log *zerolog.Logger
+}
+
+// renderLogBurst and renderLogPeriod bound the render-failure warnings of one render server: a
+// server that is down fails every request, and the first few lines say all there is to say.
+const (
+	renderLogBurst  = 5
+	renderLogPeriod = 10 * time.Second
+)
+
+// renderFailed logs a failed render call with what the client is not told: the render URL and
+// the underlying cause. Timeouts, unreachable servers, 5xx and malformed answers (504, 503, 502)
+// are warnings, and so are 4xx other than 400 and 422 — a 404, 401 or 405 usually means a wrong
+// DYN_EPP_TOKENIZER_SERVICE_URL(S) or credentials, not a bad request; 400 and 422 (the request's
+// own fault) are logged at debug.
+func (r renderTokenizer) renderFailed(err error, requestID string) {
+	var re *vllmrender.Error
+	if r.log == nil || !errors.As(err, &re) {
+		return
+	}
+	ev := r.log.Warn()
+	if re.Status == http.StatusBadRequest || re.Status == http.StatusUnprocessableEntity {
+		ev = r.log.Debug()
+	}
+	ev.Str("url", re.URL).Int("status", re.Status).Str("request_id", requestID).Str("error", re.Detail()).
+		Msg("render call failed (DYN_EPP_TOKENIZER_PROTOCOL=vllm-render)")
+}
 
 var (
 	_ extproc.RequestTokenizer = renderTokenizer{}
@@ -35,6 +70,7 @@ func (r renderTokenizer) TokenizePrompt(ctx context.Context, call extproc.Tokeni
 	}
 	res, err := r.c.Render(ctx, kind, call.Body, call.RequestID)
 	if err != nil {
+		r.renderFailed(err, call.RequestID)
 		return extproc.TokenizedPrompt{}, err
 	}
 	p := extproc.TokenizedPrompt{TokenIDs: res.TokenIDs}
@@ -66,7 +102,7 @@ func (r renderTokenizer) TokenizeResponses(body []byte) ([]uint32, error) {
 
 // loadRenderTokenizers builds one render client per distinct URL: DYN_EPP_TOKENIZER_SERVICE_URL
 // for every model, DYN_EPP_TOKENIZER_SERVICE_URLS for the models it names.
-func loadRenderTokenizers(cfg Config, set *tokenizerSet) error {
+func loadRenderTokenizers(cfg Config, set *tokenizerSet, log zerolog.Logger) error {
 	clients := map[string]renderTokenizer{}
 	client := func(setting, u string) (renderTokenizer, error) {
 		if c, ok := clients[u]; ok {
@@ -76,7 +112,9 @@ func loadRenderTokenizers(cfg Config, set *tokenizerSet) error {
 		if err != nil {
 			return renderTokenizer{}, fmt.Errorf("invalid %s %q: %w", setting, u, err)
 		}
-		clients[u] = renderTokenizer{c}
+		sampled := log.With().Str("component", "vllm-render").Logger().
+			Sample(&zerolog.BurstSampler{Burst: renderLogBurst, Period: renderLogPeriod})
+		clients[u] = renderTokenizer{c: c, log: &sampled}
 		return clients[u], nil
 	}
 	if cfg.TokenizerServiceURL != "" {
@@ -107,7 +145,8 @@ func loadRenderTokenizers(cfg Config, set *tokenizerSet) error {
 // blocks never match and are never shared); everything else is tokenizer.Tokenizer's.
 type localTokenizer struct {
 	*tokenizer.Tokenizer
-	imageTokens int // DYN_EPP_IMAGE_TOKENS
+	imageTokens int                          // DYN_EPP_IMAGE_TOKENS
+	convCache   *tokenizer.ConversationCache // nil: every chat is tokenized from scratch
 }
 
 var (
@@ -117,22 +156,61 @@ var (
 
 // TokenizePrompt implements extproc.PromptTokenizer.
 func (l localTokenizer) TokenizePrompt(_ context.Context, call extproc.TokenizeCall) (extproc.TokenizedPrompt, error) {
+	req, err := l.request(call)
+	if err != nil {
+		return extproc.TokenizedPrompt{}, err
+	}
 	switch call.Kind {
 	case extproc.PromptChat:
-		p, err := l.TokenizeChatPrompt(call.Body, l.imageTokens)
+		p, err := l.ChatPromptFor(req, tokenizer.ChatOptions{ImageTokens: l.imageTokens, Cache: l.convCache})
 		if err != nil {
 			return extproc.TokenizedPrompt{}, err
 		}
 		out := extproc.TokenizedPrompt{TokenIDs: p.TokenIDs}
+		if p.Memo != nil {
+			out.HashMemo = hashMemo{p.Memo}
+		}
 		if p.UncachedFrom < len(p.TokenIDs) {
 			out.MMItems = []picker.MMItem{{Start: p.UncachedFrom, End: len(p.TokenIDs), Hash: rand.Uint64()}}
 		}
 		return out, nil
 	case extproc.PromptCompletion:
-		ids, err := l.TokenizeCompletion(call.Body)
+		ids, err := l.CompletionIDs(req)
 		return extproc.TokenizedPrompt{TokenIDs: ids}, err
 	default:
-		ids, err := l.TokenizeResponses(call.Body)
+		ids, err := l.ResponsesIDs(req)
 		return extproc.TokenizedPrompt{TokenIDs: ids}, err
 	}
+}
+
+// request is the call's body as the tokenizer reads it: the members the ext_proc server already
+// scanned (one parse per request, epp.md §13.5), or the body parsed when there are none.
+func (l localTokenizer) request(call extproc.TokenizeCall) (*tokenizer.Request, error) {
+	if call.Members == nil {
+		return tokenizer.ParseRequest(call.Body)
+	}
+	ms := make([]tokenizer.Member, len(call.Members))
+	for i, m := range call.Members {
+		ms[i] = tokenizer.Member{Key: m.Key, Value: m.Value, Elements: m.Elements}
+	}
+	return tokenizer.RequestFromMembers(ms)
+}
+
+// hashMemo adapts a conversation-cache prefix to picker.BlockHashMemo, so the block hashes of a
+// continuing conversation's cached prefix are computed once.
+type hashMemo struct{ m *tokenizer.PrefixMemo }
+
+var _ picker.BlockHashMemo = hashMemo{}
+
+// Tokens implements picker.BlockHashMemo.
+func (h hashMemo) Tokens() int { return h.m.Tokens() }
+
+// LoadBlockHashes implements picker.BlockHashMemo.
+func (h hashMemo) LoadBlockHashes(k picker.BlockHashKey) (local, seq []uint64) {
+	return h.m.LoadBlockHashes(k.BlockSize, k.Seed)
+}
+
+// StoreBlockHashes implements picker.BlockHashMemo.
+func (h hashMemo) StoreBlockHashes(k picker.BlockHashKey, local, seq []uint64) {
+	h.m.StoreBlockHashes(k.BlockSize, k.Seed, local, seq)
 }

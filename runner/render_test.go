@@ -209,3 +209,85 @@ func TestRenderURLsPerModel(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderFailuresAreLoggedWithTheURLTheClientDoesNotSee: a render 5xx, an unreachable render
+// server and a 404 (a wrong render URL) are each logged at warn with the render URL and status;
+// the client's error body never names the render URL.
+func TestRenderFailuresAreLoggedWithTheURLTheClientDoesNotSee(t *testing.T) {
+	rs := newRenderStub(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	chat := []byte(`{"model":"` + e2eModel + `","messages":[{"role":"user","content":"hi"}]}`)
+	for _, tc := range []struct {
+		name, url  string
+		status     int
+		body       string
+		wantStatus int
+	}{
+		{"a render 5xx", rs.srv.URL, 500, `{"error":{"message":"engine died"}}`, 502},
+		{"a render 404", rs.srv.URL, 404, `{"detail":"Not Found"}`, 400},
+		{"an unreachable render server", dead, 0, "", 503},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.status != 0 {
+				rs.set(tc.status, tc.body)
+			}
+			cfg := loopbackConfig(t)
+			cfg.TokenizerDir, cfg.TokenizerServiceURL, cfg.UseKVEvents = "", tc.url, false
+			inst, logs := startLogged(t, cfg)
+			addWorkers(t, inst, 1, 18250)
+			ex, err := extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC)).Do(context.Background(),
+				extproctest.Request{Body: chat, Headers: []extproctest.Header{{Key: "x-request-id", Value: "rid-9"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ex.Immediate == nil || ex.Immediate.Status != tc.wantStatus || strings.Contains(string(ex.Immediate.Body), strings.TrimPrefix(tc.url, "http://")) {
+				t.Fatalf("immediate %+v: want %d without the render URL", ex.Immediate, tc.wantStatus)
+			}
+			var logged bool
+			for _, line := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(line, `"level":"warn"`) && strings.Contains(line, tc.url+"/v1/chat/completions/render") &&
+					strings.Contains(line, `"request_id":"rid-9"`) {
+					logged = true
+				}
+			}
+			if !logged {
+				t.Fatalf("no warn line names the render URL and the request id:\n%s", logs.String())
+			}
+		})
+	}
+}
+
+// TestAModelWithoutARenderURLNamesTheRenderSettings: with DYN_EPP_TOKENIZER_SERVICE_URLS covering
+// one model only, a request for another served model is a 500 that names the render settings to
+// set — not the local-mode ones — and does not list the configured models.
+func TestAModelWithoutARenderURLNamesTheRenderSettings(t *testing.T) {
+	rs := newRenderStub(t)
+	cfg := loopbackConfig(t)
+	cfg.TokenizerDir, cfg.UseKVEvents = "", false
+	cfg.TokenizerServiceURLs = ModelDirs{e2eModel: rs.srv.URL, "secret/other": rs.srv.URL}
+	inst := startInstance(t, cfg)
+	bs := uint32(16)
+	if _, err := inst.Service.UpsertWorker(context.Background(), picker.WorkerRecord{WorkerID: 1, ModelName: "unlisted/model",
+		Endpoint: "http://127.0.0.1:18261", BlockSize: &bs}, picker.SourceAPI); err != nil {
+		t.Fatal(err)
+	}
+	ex, err := extproctest.NewClient(dialPlain(t, inst.Addrs().GRPC)).Do(context.Background(), extproctest.Request{
+		Body: []byte(`{"model":"unlisted/model","messages":[{"role":"user","content":"hi"}]}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := ""
+	if ex.Immediate != nil {
+		body = string(ex.Immediate.Body)
+	}
+	if ex.Immediate == nil || ex.Immediate.Status != 500 || !strings.Contains(body, "DYN_EPP_TOKENIZER_SERVICE_URL") ||
+		strings.Contains(body, "DYN_EPP_TOKENIZERS") || strings.Contains(body, "DYN_EPP_TOKENIZER_DIR") ||
+		strings.Contains(body, "secret/other") || strings.Count(body, "unlisted/model") != 1 {
+		t.Fatalf("immediate %v %s: want a 500 naming the render settings once, without the configured models", ex.Immediate, body)
+	}
+}

@@ -373,10 +373,15 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		// During the SIGTERM drain the side port answers as shut down (selection-service.md
 		// §2) while ext_proc keeps routing through the core (epp.md §9).
 		Draining: inst.Health.Draining,
-		Replica:  inst.replica.peers(),
-	}), cfg)
+		// /ready agrees with gRPC readiness: NOT_SERVING until startup (index recovery,
+		// tokenizers, an InferencePool's first sync) is done, and while the pool is gone.
+		Ready:   inst.Health.Ready,
+		Replica: inst.replica.peers(),
+	}), cfg, inst.Service)
 	inst.httpSrv = &http.Server{
-		Handler:           tokAPI,
+		// Oversized headers get the API's JSON 431 (httpapi.LimitHeaders), not net/http's text.
+		Handler:           httpapi.LimitHeaders(tokAPI),
+		MaxHeaderBytes:    httpapi.HeaderReadLimit,
 		ReadHeaderTimeout: timeouts.ReadHeader,
 		ReadTimeout:       timeouts.Read,
 		IdleTimeout:       timeouts.Idle,
@@ -433,7 +438,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	// InferencePool, after its pods are registered: awaitPoolReady).
 	inst.recoveryPeers = recoveryPeers
 	if len(recoveryPeers) > 0 && inst.pool == nil {
-		recovered := recoverIndex(ctx, inst.Service, recoveryPeers, cfg.RecoveryTimeout.Duration(), log)
+		recovered := recoverIndex(ctx, inst.Service, recoveryPeers, cfg, log)
 		if inst.events != nil {
 			inst.events.ReleaseEvents(recovered)
 		}
@@ -470,7 +475,6 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		RequestBodyTimeout:  cfg.RequestBodyTimeout.Duration(),
 		Ready:               inst.Health.Ready,
 		Logger:              log.With().Str("component", "extproc").Logger(),
-		Addresses:           inst.rankAddresses(),
 		// The conformance hooks name the pool; without one they still work on the workers file.
 		ConformanceTestHooks: bool(cfg.ConformanceTestHooks),
 		PoolName:             inst.poolName(),
@@ -498,6 +502,9 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	cleanups = append(cleanups, inst.grpcServer.Stop)
 
 	inst.Metrics.MustRegister(inst.ExtProc.Metrics())
+	if c := toks.set.convCache; c != nil {
+		inst.Metrics.MustRegister(conversationCacheCollector{c})
+	}
 
 	// Ready (an InferencePool EPP once its pods are registered: awaitPoolReady).
 	started = true

@@ -42,6 +42,7 @@ func runSelectService(ctx context.Context, registry *catalog.Registry, environ, 
 	scfg.Port = cfg.SelectionHTTPPort
 	scfg.BindAddress = cfg.BindAddress
 	scfg.IndexerPeers = cfg.IndexerPeers
+	scfg.DumpLimits = cfg.dumpLimits()
 	if cfg.SessionAffinityTTL.Set {
 		scfg.SessionAffinityTTL = time.Duration(cfg.SessionAffinityTTL.Value) * time.Second
 	}

@@ -10,7 +10,10 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"github.com/kvepp/kvepp/extproc"
 	"github.com/kvepp/kvepp/extproc/tokenizer"
+	"github.com/kvepp/kvepp/internal/excerpt"
+	"github.com/kvepp/kvepp/picker"
 )
 
 // tokenizeAPI serves POST /tokenize and POST /detokenize on the selection side port, shaped like
@@ -31,14 +34,17 @@ import (
 type tokenizeAPI struct {
 	next      http.Handler
 	set       atomic.Pointer[tokenizerSet]
+	models    extproc.ModelCatalog // the served partitions, as ext_proc resolves models in them
 	protocol  string
 	defModel  string
 	maxBody   int64
 	localOnly string // why there is no local tokenizer, "" in local mode
 }
 
-func newTokenizeAPI(next http.Handler, cfg Config) *tokenizeAPI {
-	a := &tokenizeAPI{next: next, protocol: cfg.EffectiveTokenizerProtocol(), defModel: cfg.ModelName, maxBody: cfg.MaxRequestBodyBytes}
+// newTokenizeAPI serves /tokenize and /detokenize in front of next; a request's model is resolved
+// in models exactly as ext_proc resolves it (extproc.ResolveBodyModel).
+func newTokenizeAPI(next http.Handler, cfg Config, models extproc.ModelCatalog) *tokenizeAPI {
+	a := &tokenizeAPI{next: next, models: models, protocol: cfg.EffectiveTokenizerProtocol(), defModel: cfg.ModelName, maxBody: cfg.MaxRequestBodyBytes}
 	if a.protocol != TokenizerProtocolLocal {
 		a.localOnly = fmt.Sprintf("/tokenize needs a local tokenizer; DYN_EPP_TOKENIZER_PROTOCOL is %s (the model server's own /tokenize answers for vllm-render)", a.protocol)
 	}
@@ -79,19 +85,8 @@ func (a *tokenizeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		vllmError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "", "tokenizers are still loading")
 		return
 	}
-	model := a.defModel
-	if head.Model != nil {
-		model = *head.Model
-	}
-	// As vLLM: a model that is not served is a 404. DYN_EPP_TOKENIZER_DIR's tokenizer serves
-	// DYN_MODEL_NAME (any name when that is unset); DYN_EPP_TOKENIZERS the models it lists.
-	rt, ok := set.byModel[model]
-	if !ok && set.def != nil && (head.Model == nil || a.defModel == "" || model == a.defModel) {
-		rt, ok = set.def, true
-	}
-	lt, isLocal := rt.(localTokenizer)
-	if !ok || !isLocal {
-		vllmError(w, http.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", model))
+	lt, ok := a.resolve(w, set, head.Model)
+	if !ok {
 		return
 	}
 	if r.URL.Path == "/detokenize" {
@@ -99,6 +94,40 @@ func (a *tokenizeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.tokenize(w, lt.Tokenizer, body)
+}
+
+// resolve finds the tokenizer of the request's model as ext_proc does (epp.md §5.5): the body's
+// model resolved to its partition (a LoRA name under DYN_MODEL_NAME to the base model), then that
+// partition's tokenizer. Failures are answered in vLLM's shape and ok is false: 404 NotFoundError
+// for a model that is not served, 400 for a name over the limits or a request naming no model
+// while several are served, 503 while no model is served, 500 when no tokenizer covers the
+// partition. Quoted names are bounded (internal/excerpt).
+func (a *tokenizeAPI) resolve(w http.ResponseWriter, set *tokenizerSet, model *string) (localTokenizer, bool) {
+	name := ""
+	if model != nil {
+		name = *model
+	}
+	partition, _, err := extproc.ResolveBodyModel(a.models, a.defModel, name)
+	if err == nil {
+		var rt extproc.RequestTokenizer
+		if rt, err = set.ForModel(partition); err == nil {
+			if lt, ok := rt.(localTokenizer); ok {
+				return lt, true
+			}
+			err = picker.Errorf(picker.KindInternal, "model %q has no local tokenizer", excerpt.Of(partition))
+		}
+	}
+	switch picker.KindOf(err) {
+	case extproc.KindModelNotFound:
+		vllmError(w, http.StatusNotFound, "NotFoundError", "model", fmt.Sprintf("The model `%s` does not exist.", excerpt.Of(name)))
+	case picker.KindBadRequest:
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "model", err.Error())
+	case picker.KindNotReady:
+		vllmError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "", err.Error())
+	default:
+		vllmError(w, http.StatusInternalServerError, "InternalServerError", "", err.Error())
+	}
+	return localTokenizer{}, false
 }
 
 func (a *tokenizeAPI) tokenize(w http.ResponseWriter, tk *tokenizer.Tokenizer, body []byte) {

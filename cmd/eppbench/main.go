@@ -279,6 +279,12 @@ func main() {
 	if os.Getenv(childEnv) == "1" {
 		os.Exit(runChild())
 	}
+	if len(os.Args) > 1 && os.Args[1] == "load" { // eppbench load: the ext_proc load benchmark (load.go)
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		code := runLoadCommand(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
 	// The load generator, proxy and simulator allocate a prompt-sized body per request and hop;
 	// a higher GC target trades memory for CPU the kvepp process can use, and a soft limit keeps
 	// an overloaded replay (long queues of in-flight requests) from growing without bound. (kvepp

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"sort"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -23,6 +24,9 @@ type addedToken struct {
 type addedMatcher struct {
 	byFirst [256][]*addedToken // candidates by first byte, longest first
 	any     bool
+	// first is the one byte every token starts with, when they share one (e.g. '<' for
+	// "<|im_start|>", "<s>"): next then skips to it with a vectorised search. -1 otherwise.
+	first int
 }
 
 func newAddedMatcher(toks []*addedToken, content func(*addedToken) string) *addedMatcher {
@@ -40,6 +44,18 @@ func newAddedMatcher(toks []*addedToken, content func(*addedToken) string) *adde
 		es = append(es, entry{t, c})
 	}
 	sort.SliceStable(es, func(i, j int) bool { return len(es[i].c) > len(es[j].c) })
+	m.first = -1
+	for i, e := range es {
+		switch {
+		case i == 0:
+			m.first = int(e.c[0])
+		case m.first != int(e.c[0]):
+			m.first = -2
+		}
+	}
+	if m.first < 0 {
+		m.first = -1
+	}
 	for _, e := range es {
 		tok := *e.t
 		tok.content = e.c
@@ -58,6 +74,21 @@ type segment struct {
 // next returns the leftmost-longest match at or after from as (start, end, token), or a nil
 // token when there is none.
 func (m *addedMatcher) next(s string, from int) (int, int, *addedToken) {
+	if m.first >= 0 {
+		for i := from; i < len(s); i++ {
+			k := strings.IndexByte(s[i:], byte(m.first))
+			if k < 0 {
+				break
+			}
+			i += k
+			for _, t := range m.byFirst[s[i]] {
+				if len(s)-i >= len(t.content) && s[i:i+len(t.content)] == t.content {
+					return i, i + len(t.content), t
+				}
+			}
+		}
+		return -1, -1, nil
+	}
 	for i := from; i < len(s); i++ {
 		cands := m.byFirst[s[i]]
 		if len(cands) == 0 {
@@ -159,4 +190,48 @@ func spaceRightmostAtStart(s string) int {
 		i += n
 	}
 	return i
+}
+
+// maxLen returns the length in bytes of the longest token content (0 when there is none).
+func (m *addedMatcher) maxLen() int {
+	n := 0
+	for _, cands := range m.byFirst {
+		if len(cands) > 0 && len(cands[0].content) > n {
+			n = len(cands[0].content) // candidates are sorted longest first
+		}
+	}
+	return n
+}
+
+// stripFree reports whether no token has lstrip, rstrip or single_word: every match is exactly its
+// content, so whether a match covers an offset depends only on the bytes within the longest
+// token's length of it (what straddles relies on).
+func (m *addedMatcher) stripFree() bool {
+	for _, cands := range m.byFirst {
+		for _, t := range cands {
+			if t.lstrip || t.rstrip || t.singleWord {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// straddles reports whether some token's content occurs across the junction of left and right:
+// left ends with a proper prefix of the content and right starts with the rest. Where it does
+// not, and the offset is a segment boundary of the text left belongs to, splitting left+right
+// gives the segments of left's text up to the junction followed by those of right alone (for a
+// stripFree matcher): no match can start before the junction and end after it.
+func (m *addedMatcher) straddles(left, right string) bool {
+	for _, cands := range m.byFirst {
+		for _, t := range cands {
+			c := t.content
+			for i := 1; i < len(c); i++ {
+				if len(left) >= i && len(right) >= len(c)-i && left[len(left)-i:] == c[:i] && right[:len(c)-i] == c[i:] {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }

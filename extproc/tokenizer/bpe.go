@@ -1,7 +1,9 @@
 package tokenizer
 
 import (
-	"sync"
+	"hash/maphash"
+	"strings"
+	"sync/atomic"
 )
 
 // bpeModel is the BPE model of tokenizer.json: byte-level (tokenizer.md "Byte-level BPE", step
@@ -218,60 +220,84 @@ func (m *bpeModel) mergeHeap(syms []uint32) []uint32 {
 }
 
 // pieceCache is a bounded, concurrency-safe map from a pre-tokenized piece (raw bytes) to its
-// BPE ids (tokenizer.md step 8). It is sharded to keep lock contention low; a full shard evicts
-// an arbitrary entry per insert (Go's randomized map iteration), so memory stays bounded at
-// about cacheShards*cacheShardEntries pieces of at most maxCachedPiece bytes.
+// BPE ids (tokenizer.md step 8). Lookups take no lock: it is a table of pieceSlots atomic
+// pointers to immutable entries, the piece's hash choosing two neighbouring slots; an insert
+// stores into an empty one of them or replaces one. Memory stays bounded at pieceSlots pieces
+// of at most maxCachedPiece bytes.
 type pieceCache struct {
-	shards [cacheShards]cacheShard
+	seed  maphash.Seed
+	key   uint64 // per-process key of the inline hash
+	slots []atomic.Pointer[pieceEntry]
+}
+
+// pieceEntry is one cached piece; never modified once stored.
+type pieceEntry struct {
+	piece string
+	ids   []uint32
 }
 
 const (
-	cacheShards       = 64
-	cacheShardEntries = 2048
-	maxCachedPiece    = 256
+	pieceSlots     = 1 << 17 // power of two
+	maxCachedPiece = 256
 )
 
-type cacheShard struct {
-	mu sync.RWMutex
-	m  map[string][]uint32
-	_  [32]byte // keep shards on separate cache lines
-}
-
 func newPieceCache() *pieceCache {
-	c := &pieceCache{}
-	for i := range c.shards {
-		c.shards[i].m = make(map[string][]uint32, 64)
-	}
-	return c
+	seed := maphash.MakeSeed()
+	return &pieceCache{seed: seed, key: maphash.String(seed, "piece"), slots: make([]atomic.Pointer[pieceEntry], pieceSlots)}
 }
 
-func shardOf(s string) int {
-	// Cheap, allocation-free spread over the shards; the map hashes the key properly.
-	h := uint(len(s))*0x9E3779B1 + uint(s[0])*31 + uint(s[len(s)-1])*131 + uint(s[len(s)/2])*7
-	return int(h % cacheShards)
+// hash hashes a piece: pieces are mostly words of up to 16 bytes, hashed inline from two
+// (overlapping) loads, which costs a fraction of a maphash call; longer ones go through maphash.
+func (c *pieceCache) hash(s string) uint64 {
+	n := len(s)
+	var a, b uint64
+	switch {
+	case n > 16:
+		return maphash.String(c.seed, s)
+	case n >= 8:
+		a, b = load64(s, 0), load64(s, n-8)
+	case n >= 4:
+		a, b = uint64(load32(s, 0)), uint64(load32(s, n-4))
+	case n > 0:
+		a = uint64(s[0])<<16 | uint64(s[n>>1])<<8 | uint64(s[n-1])
+	}
+	h := (a^c.key)*0x9E3779B97F4A7C15 ^ (b+uint64(n))*0xC2B2AE3D27D4EB4F
+	return h ^ h>>29
+}
+
+func load64(s string, i int) uint64 {
+	return uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+		uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+}
+
+func load32(s string, i int) uint32 {
+	return uint32(s[i]) | uint32(s[i+1])<<8 | uint32(s[i+2])<<16 | uint32(s[i+3])<<24
 }
 
 func (c *pieceCache) get(s string) ([]uint32, bool) {
-	sh := &c.shards[shardOf(s)]
-	sh.mu.RLock()
-	v, ok := sh.m[s]
-	sh.mu.RUnlock()
-	return v, ok
+	i := c.hash(s) & (pieceSlots - 1)
+	if e := c.slots[i].Load(); e != nil && e.piece == s {
+		return e.ids, true
+	}
+	if e := c.slots[i^1].Load(); e != nil && e.piece == s {
+		return e.ids, true
+	}
+	return nil, false
 }
 
 func (c *pieceCache) put(s string, ids []uint32) {
 	if len(s) > maxCachedPiece {
 		return
 	}
-	sh := &c.shards[shardOf(s)]
-	key := string([]byte(s)) // detach from the caller's (possibly large) text
-	sh.mu.Lock()
-	if len(sh.m) >= cacheShardEntries {
-		for k := range sh.m {
-			delete(sh.m, k)
-			break
-		}
+	h := c.hash(s)
+	i := h & (pieceSlots - 1)
+	e := &pieceEntry{piece: strings.Clone(s), ids: ids} // detached from the caller's (possibly large) text
+	switch {
+	case c.slots[i].Load() == nil:
+	case c.slots[i^1].Load() == nil:
+		i ^= 1
+	default:
+		i ^= (h >> 32) & 1 // both taken: replace one of them
 	}
-	sh.m[key] = ids
-	sh.mu.Unlock()
+	c.slots[i].Store(e)
 }

@@ -12,8 +12,14 @@ import (
 )
 
 // ErrNoChatTemplate is returned by the chat and responses paths when the model directory has no
-// chat template.
-var ErrNoChatTemplate = errors.New("tokenizer has no chat template")
+// chat template (Llama 2's files, say). It is a *RequestError: vLLM answers such a chat request
+// with 400 too (transformers refuses to apply a template that is not there), and completions
+// still work.
+var ErrNoChatTemplate error = &RequestError{Msg: "this model has no chat template (no chat_template in tokenizer_config.json and no chat_template.jinja), so a chat request cannot be rendered; send a completions request with a prompt instead"}
+
+// HasChatTemplate reports whether the model has a chat template, i.e. whether chat and
+// Responses requests can be tokenized (else they fail with ErrNoChatTemplate).
+func (t *Tokenizer) HasChatTemplate() bool { return t.chat != nil && len(t.chat.templates) > 0 }
 
 // chatTemplate is one compiled chat template.
 type chatTemplate struct {
@@ -24,6 +30,10 @@ type chatTemplate struct {
 	// content, so content is passed as a list of {"type":"text","text":…} parts rather than a
 	// string (vLLM's auto-detection, approximated from the template source).
 	openAIContent bool
+	// plan is the template's incremental rendering proof (nil: none, conversations are rendered
+	// whole); cacheID tells its entries apart in a ConversationCache.
+	plan    *incrementalPlan
+	cacheID uint64
 }
 
 // chatConfig is the chat part of tokenizer_config.json.
@@ -43,7 +53,8 @@ func compileChatTemplate(name, src string) (*chatTemplate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("compile chat template %q: %w", name, err)
 	}
-	return &chatTemplate{name: name, tmpl: tmpl, texts: pt.texts, openAIContent: contentLoopRE.MatchString(src)}, nil
+	return &chatTemplate{name: name, tmpl: tmpl, texts: pt.texts, openAIContent: contentLoopRE.MatchString(src),
+		plan: provenTemplates[templateDigest(src)], cacheID: cacheIDs.Add(1)}, nil
 }
 
 func parseChatConfig(cfgData, jinjaFile []byte) (*chatConfig, error) {
@@ -144,12 +155,34 @@ func truncate(s string, n int) string {
 
 // chatInput is a chat request reduced to what the template sees.
 type chatInput struct {
-	messages            *jval // array
+	messages *jval // array; nil until decodeMessages when built from a Request
+	// messagesRaw is the request's raw messages array (nil for inputs built from decoded values,
+	// such as a Responses request's); messageElems its elements' offsets when the caller found
+	// them (Member.Elements).
+	messagesRaw         []byte
+	messageElems        [][2]int
 	tools               *jval // array or nil
 	addGenerationPrompt bool
 	continueFinal       bool
 	kwargs              *jval // object or nil (chat_template_kwargs)
 	images              imageMode
+	// toolsRaw and kwargsRaw are the raw tools and chat_template_kwargs (nil when absent or
+	// null): with the template they are what the rendering of a conversation prefix depends on
+	// besides its messages (the conversation cache's key).
+	toolsRaw, kwargsRaw []byte
+}
+
+// decodeMessages decodes the raw messages array once.
+func (in *chatInput) decodeMessages() error {
+	if in.messages != nil {
+		return nil
+	}
+	v, err := decodeOrdered(in.messagesRaw)
+	if err != nil {
+		return &RequestError{Msg: "messages is not valid JSON", Err: err}
+	}
+	in.messages = v
+	return nil
 }
 
 // render renders the chat template over in as vLLM + transformers do (tokenizer.md "What the
@@ -163,12 +196,32 @@ func (t *Tokenizer) render(in *chatInput) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	conv, err := conversation(in.messages, tmpl.openAIContent, in.images)
+	if err := in.decodeMessages(); err != nil {
+		return "", err
+	}
+	conv, err := conversation(in.messages.arr, 0, tmpl.openAIContent, in.images)
 	if err != nil {
 		return "", err
 	}
+	out, err := t.renderConversation(tmpl, in, conv, in.addGenerationPrompt)
+	if err != nil {
+		return "", err
+	}
+	if in.continueFinal {
+		out, err = trimToFinalMessage(out, conv)
+		if err != nil {
+			return "", err
+		}
+	}
+	return out, nil
+}
+
+// renderConversation renders tmpl over the preprocessed conversation conv with in's tools and
+// chat_template_kwargs and the given add_generation_prompt (no continue_final_message trimming).
+func (t *Tokenizer) renderConversation(tmpl *chatTemplate, in *chatInput, conv *jval, addGenerationPrompt bool) (string, error) {
 	var tools *jval
 	if in.tools != nil {
+		var err error
 		if tools, err = dumpTools(in.tools); err != nil {
 			return "", err
 		}
@@ -183,7 +236,7 @@ func (t *Tokenizer) render(in *chatInput) (string, error) {
 		data["tools"] = vb.value(tools)
 	}
 	data["documents"] = jinja.None()
-	data["add_generation_prompt"] = jinja.NewBool(in.addGenerationPrompt)
+	data["add_generation_prompt"] = jinja.NewBool(addGenerationPrompt)
 	if in.kwargs != nil {
 		for i, k := range in.kwargs.keys {
 			switch k {
@@ -205,12 +258,6 @@ func (t *Tokenizer) render(in *chatInput) (string, error) {
 		// The template raised (raise_exception) or failed over this request's content:
 		// vLLM answers 400.
 		return "", &RequestError{Msg: "chat template rendering failed", Err: err}
-	}
-	if in.continueFinal {
-		out, err = trimToFinalMessage(out, conv)
-		if err != nil {
-			return "", err
-		}
 	}
 	return out, nil
 }
@@ -280,10 +327,13 @@ var textPartTypes = map[string]string{
 // conversation converts request messages into vLLM's ConversationMessage list: role, content
 // (parts' texts joined by "\n" in string format; [{"type":"text","text":…}] in openai
 // format), then for assistants tool_calls (arguments parsed into objects; empty lists dropped)
-// and reasoning/reasoning_content, for tools tool_call_id, and name when it is a string.
-func conversation(messages *jval, openAI bool, images imageMode) (*jval, error) {
-	out := &jval{kind: jArray, arr: make([]*jval, 0, len(messages.arr))}
-	for i, m := range messages.arr {
+// and reasoning/reasoning_content, for tools tool_call_id, and name when it is a string. Each
+// message is converted on its own (a tail of a conversation converts exactly as it would in the
+// whole); first is the index of messages[0] in the request, for error messages.
+func conversation(messages []*jval, first int, openAI bool, images imageMode) (*jval, error) {
+	out := &jval{kind: jArray, arr: make([]*jval, 0, len(messages))}
+	for i, m := range messages {
+		i += first
 		if m.kind != jObject {
 			return nil, badRequest("messages[%d] is %s, want an object", i, m.typeName())
 		}
@@ -291,7 +341,7 @@ func conversation(messages *jval, openAI bool, images imageMode) (*jval, error) 
 		if role == nil || role.kind != jString {
 			return nil, badRequest("messages[%d].role is %s, want a string", i, role.typeName())
 		}
-		cparts, err := contentParts(m.get("content"), fmt.Sprintf("messages[%d].content", i), images)
+		cparts, err := contentParts(m.get("content"), i, images)
 		if err != nil {
 			return nil, err
 		}
@@ -374,10 +424,11 @@ type contentPart struct {
 // imagePartTypes are the content part types vLLM accepts as images.
 var imagePartTypes = map[string]bool{"image_url": true, "input_image": true, "image_pil": true, "image_embeds": true}
 
-// contentParts returns the parts of a message content (string, null or parts). Empty texts are
+// contentParts returns the parts of message msg's content (string, null or parts). Empty texts are
 // kept, as vLLM keeps them ("a", "", "b" joins to "a\n\nb"). Image parts are refused (400) when
 // images is imagesRefused, else returned as image parts.
-func contentParts(c *jval, where string, images imageMode) ([]contentPart, error) {
+func contentParts(c *jval, msg int, images imageMode) ([]contentPart, error) {
+	where := func() string { return fmt.Sprintf("messages[%d].content", msg) } // only for errors
 	if c == nil || c.kind == jNull {
 		return nil, nil
 	}
@@ -392,14 +443,14 @@ func contentParts(c *jval, where string, images imageMode) ([]contentPart, error
 				continue
 			}
 			if p.kind != jObject {
-				return nil, badRequest("%s[%d] is %s, want an object", where, k, p.typeName())
+				return nil, badRequest("%s[%d] is %s, want an object", where(), k, p.typeName())
 			}
 			typ := p.get("type")
 			field := ""
 			switch {
 			case typ != nil && typ.kind == jString && imagePartTypes[typ.s]:
 				if images == imagesRefused {
-					return nil, badRequest("%s[%d] has type %q: kvepp cannot tokenize images exactly (requests with images are routed by the text before the first image)", where, k, typ.s)
+					return nil, badRequest("%s[%d] has type %q: kvepp cannot tokenize images exactly (requests with images are routed by the text before the first image)", where(), k, typ.s)
 				}
 				parts = append(parts, contentPart{image: true})
 				continue
@@ -408,26 +459,26 @@ func contentParts(c *jval, where string, images imageMode) ([]contentPart, error
 				if !ok {
 					// vLLM answers 400 for a part a text-only model cannot take (input_audio,
 					// video_url, file …) and for unknown types alike.
-					return nil, badRequest("%s[%d] has type %q: only text and image content parts are accepted (text, input_text, output_text, refusal, thinking, image_url, input_image)", where, k, typ.s)
+					return nil, badRequest("%s[%d] has type %q: only text and image content parts are accepted (text, input_text, output_text, refusal, thinking, image_url, input_image)", where(), k, typ.s)
 				}
 				field = f
 			case typ == nil && p.get("text") != nil:
 				field = "text"
 			default:
-				return nil, badRequest("%s[%d] has no valid type", where, k)
+				return nil, badRequest("%s[%d] has no valid type", where(), k)
 			}
 			tx := p.get(field)
 			if tx == nil || tx.kind == jNull {
 				continue
 			}
 			if tx.kind != jString {
-				return nil, badRequest("%s[%d].%s is %s, want a string", where, k, field, tx.typeName())
+				return nil, badRequest("%s[%d].%s is %s, want a string", where(), k, field, tx.typeName())
 			}
 			parts = append(parts, contentPart{text: tx.s})
 		}
 		return parts, nil
 	}
-	return nil, badRequest("%s is %s, want a string, null or an array of parts", where, c.typeName())
+	return nil, badRequest("%s is %s, want a string, null or an array of parts", where(), c.typeName())
 }
 
 // parseToolArguments applies vLLM's _postprocess_messages: a tool call's function.arguments

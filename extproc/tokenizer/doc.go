@@ -20,6 +20,17 @@
 //     post-processor for add_special_tokens, rewritten from tokenizer_config.json's
 //     add_bos_token/add_eos_token for the transformers classes that do so (config.go).
 //  4. ids → text (decoder.go): the decoder chain, for /detokenize.
+//  5. conversations, incrementally (convcache.go): a ConversationCache keeps the ids of a
+//     conversation prefix ending at a user message, keyed by the exact bytes of those messages and
+//     of the rest of the rendering's context; the next turn renders only its tail and encodes only
+//     the new text, for templates proven prefix-stable (provenTemplates, by source digest) and at
+//     token boundaries no added token can straddle, else from scratch — the ids are always the
+//     from-scratch ids. PrefixMemo keeps the prefix's block hashes for the picker.
+//
+// A body is read through a Request: ParseRequest validates it and splits its top-level members
+// (internal/jsonscan), RequestFromMembers takes the members a caller already scanned (the ext_proc
+// server does, so a body is parsed once, epp.md §13.5); only the members a tokenization needs are
+// decoded.
 //
 // Load also resolves nothing over the network: ResolveDir finds tokenizer files in a Hugging
 // Face cache. The vllmrender subpackage is the other tokenizer: the model server's render

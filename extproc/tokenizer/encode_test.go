@@ -19,7 +19,7 @@ type encodeCase struct {
 	IDsSpecial []uint32 `json:"ids_special"`
 }
 
-func readJSON(t *testing.T, path string, v any) {
+func readJSON(t testing.TB, path string, v any) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {

@@ -30,7 +30,7 @@ type familyGolden struct {
 
 // familyChatConfig builds the chat configuration of one family from its template file and
 // special tokens, as tokenizer_config.json would carry them.
-func familyChatConfig(t *testing.T, file string, special map[string]string) *chatConfig {
+func familyChatConfig(t testing.TB, file string, special map[string]string) *chatConfig {
 	t.Helper()
 	src, err := os.ReadFile(filepath.Join("testdata", "templates", file))
 	if err != nil {

@@ -19,8 +19,9 @@ import (
 //   - a model id "org/name" that is not a directory, resolved in $HF_HUB_CACHE, else
 //     $HF_HOME/hub, else ~/.cache/huggingface/hub.
 //
-// Inside a repository folder the snapshot named by refs/main is used, else the only snapshot
-// with a tokenizer.json, else the most recently modified one. Errors say what was looked for.
+// Inside a repository folder the snapshot named by refs/main is used (an unusable refs/main is
+// an error: resolveSnapshot), else, without refs/main, the only snapshot with a tokenizer.json,
+// else the most recently modified one. Errors say what was looked for.
 func ResolveDir(dir, modelID string) (string, error) {
 	if dir == "" {
 		return "", errors.New("no tokenizer directory given")
@@ -94,13 +95,31 @@ func resolveInCache(hub, modelID string) (string, error) {
 	return resolveSnapshot(repo)
 }
 
-// resolveSnapshot picks the snapshot of a cache repository folder.
+// resolveSnapshot picks the snapshot of a cache repository folder: the one refs/main names when
+// there is a refs/main — the revision the engine loads, so a refs/main that is empty, is not a
+// plain snapshot name (a path such as ../../x is never followed), or names a snapshot without
+// tokenizer.json is an error rather than a reason to load another revision —, else the only
+// snapshot with a tokenizer.json, else the most recently modified one.
 func resolveSnapshot(repo string) (string, error) {
-	if ref, err := os.ReadFile(filepath.Join(repo, "refs", "main")); err == nil {
-		snap := filepath.Join(repo, "snapshots", strings.TrimSpace(string(ref)))
-		if fileExists(filepath.Join(snap, "tokenizer.json")) {
-			return snap, nil
+	ref, err := os.ReadFile(filepath.Join(repo, "refs", "main"))
+	switch {
+	case err == nil:
+		name := strings.TrimSpace(string(ref))
+		refPath := filepath.Join(repo, "refs", "main")
+		switch {
+		case name == "":
+			return "", fmt.Errorf("%s is empty; it should name the snapshot (commit hash) to use", refPath)
+		case name == "." || name == ".." || strings.ContainsAny(name, `/\`) || strings.ContainsRune(name, 0):
+			return "", fmt.Errorf("%s holds %q, not a snapshot name; refusing to follow it", refPath, truncate(name, 100))
 		}
+		snap := filepath.Join(repo, "snapshots", name)
+		if !fileExists(filepath.Join(snap, "tokenizer.json")) {
+			return "", fmt.Errorf("%s names snapshot %q, which has no tokenizer.json (%s); the engine loads that revision, so kvepp does not pick another: download it or fix refs/main",
+				refPath, truncate(name, 100), snap)
+		}
+		return snap, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("read %s: %w", filepath.Join(repo, "refs", "main"), err)
 	}
 	entries, err := os.ReadDir(filepath.Join(repo, "snapshots"))
 	if err != nil {

@@ -75,3 +75,31 @@ func TestResolveDir(t *testing.T) {
 		}
 	})
 }
+
+// TestResolveDirRefusesABadRefsMain: refs/main names the revision the engine loads, so a
+// refs/main kvepp cannot follow is an error naming it — never another snapshot, never a path
+// outside the repository's snapshots.
+func TestResolveDirRefusesABadRefsMain(t *testing.T) {
+	for _, tc := range []struct{ name, ref, want string }{
+		{"a snapshot without tokenizer.json", "empty", `refs/main names snapshot "empty", which has no tokenizer.json`},
+		{"a missing snapshot", "deadbeef", `refs/main names snapshot "deadbeef", which has no tokenizer.json`},
+		{"a path out of the repository", "../../../../tmp", `refs/main holds "../../../../tmp", not a snapshot name`},
+		{"a nested path", "rev1/../rev1", `refs/main holds "rev1/../rev1", not a snapshot name`},
+		{"an empty refs/main", "", `refs/main is empty`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			home := makeHFCache(t, "org/model", "rev1")
+			repo := filepath.Join(home, "hub", "models--org--model")
+			if err := os.MkdirAll(filepath.Join(repo, "snapshots", "empty"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(repo, "refs", "main"), []byte(tc.ref+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			got, err := ResolveDir(repo, "")
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("ResolveDir = %q, %v; want an error containing %q", got, err, tc.want)
+			}
+		})
+	}
+}

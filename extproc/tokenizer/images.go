@@ -1,9 +1,6 @@
 package tokenizer
 
 import (
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"unicode/utf8"
 )
@@ -37,6 +34,9 @@ const backOffTokens = 4
 type ChatPrompt struct {
 	TokenIDs     []uint32
 	UncachedFrom int
+	// Memo, when non-nil, keeps the block hashes of the cached conversation prefix TokenIDs starts
+	// with (ChatOptions.Cache); TokenIDs may then share memory with the cache: do not modify it.
+	Memo *PrefixMemo
 }
 
 // TokenizeChatPrompt tokenizes a chat completions body for routing. A text-only request gives
@@ -48,15 +48,40 @@ type ChatPrompt struct {
 // model-specific, or a template that prints plain text for the image), UncachedFrom backs off by
 // backOffTokens. Errors as TokenizeChat.
 func (t *Tokenizer) TokenizeChatPrompt(body []byte, imageTokens int) (ChatPrompt, error) {
-	obj, err := parseBody(body)
+	r, err := ParseRequest(body)
 	if err != nil {
 		return ChatPrompt{}, err
 	}
-	in, addSpecial, err := chatInputFromBody(obj)
+	return t.ChatPromptFor(r, ChatOptions{ImageTokens: imageTokens})
+}
+
+// ChatOptions are the options of ChatPromptFor.
+type ChatOptions struct {
+	// ImageTokens is the number of ids booked per image part (DYN_EPP_IMAGE_TOKENS).
+	ImageTokens int
+	// Cache, when non-nil, is the conversation cache a text-only chat reuses and fills (the ids
+	// are the same either way; see ConversationCache).
+	Cache *ConversationCache
+}
+
+// ChatPromptFor is TokenizeChatPrompt for a Request (a body already split into its members), with
+// an optional conversation cache. Errors as TokenizeChat.
+func (t *Tokenizer) ChatPromptFor(r *Request, o ChatOptions) (ChatPrompt, error) {
+	in, addSpecial, err := chatInputFromRequest(r)
 	if err != nil {
 		return ChatPrompt{}, err
 	}
 	in.images = imagesAsSentinels
+	if o.Cache != nil {
+		ids, memo, handled, err := t.cachedChat(in, addSpecial, o.Cache)
+		if err != nil {
+			return ChatPrompt{}, err
+		}
+		if handled {
+			return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids), Memo: memo}, nil
+		}
+	}
+	imageTokens := o.ImageTokens
 	prompt, err := t.render(in)
 	if err != nil {
 		return ChatPrompt{}, err
@@ -137,39 +162,4 @@ func sanitizeIfNeeded(s string) string {
 		return s
 	}
 	return sanitizeUTF8(s)
-}
-
-// MaxModelLen returns the context length vLLM would report as max_model_len, in tokens: config.json's
-// max_position_embeddings (or text_config's) when the tokenizer directory has a config.json (a
-// Hugging Face snapshot does), else tokenizer_config.json's model_max_length, else 0 (unknown).
-// vLLM may lower it with --max-model-len; kvepp cannot see that.
-func (t *Tokenizer) MaxModelLen() int {
-	if t.maxPositions > 0 {
-		return t.maxPositions
-	}
-	return t.modelMaxLength
-}
-
-// readMaxPositions reads max_position_embeddings from dir/config.json (0 when absent).
-func readMaxPositions(dir string) int {
-	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err != nil {
-		return 0
-	}
-	var c struct {
-		MaxPositions *int `json:"max_position_embeddings"`
-		TextConfig   *struct {
-			MaxPositions *int `json:"max_position_embeddings"`
-		} `json:"text_config"`
-	}
-	if json.Unmarshal(data, &c) != nil {
-		return 0
-	}
-	switch {
-	case c.MaxPositions != nil && *c.MaxPositions > 0:
-		return *c.MaxPositions
-	case c.TextConfig != nil && c.TextConfig.MaxPositions != nil && *c.TextConfig.MaxPositions > 0:
-		return *c.TextConfig.MaxPositions
-	}
-	return 0
 }

@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/kvepp/kvepp/internal/jsonscan"
 )
 
 // jkind is the JSON type of a jval.
@@ -308,22 +310,20 @@ func (p *jsonParser) str() (string, error) {
 	i := p.pos + 1
 	// Fast path: no escapes, no control characters, valid UTF-8.
 	start := i
-	for i < len(d) {
-		c := d[i]
-		if c == '"' {
-			if s := d[start:i]; utf8.Valid(s) {
-				p.pos = i + 1
-				return string(s), nil
-			}
-			break
+	i = jsonscan.StringSpecial(d, i)
+	if i < len(d) && d[i] == '"' {
+		if s := d[start:i]; utf8.Valid(s) {
+			p.pos = i + 1
+			return string(s), nil
 		}
-		if c == '\\' || c < 0x20 {
-			break
-		}
-		i++
 	}
 	buf := append(p.buf[:0], d[start:i]...)
 	for i < len(d) {
+		if j := jsonscan.StringSpecial(d, i); j > i {
+			buf = append(buf, d[i:j]...) // plain text up to the next quote, escape or control
+			i = j
+			continue
+		}
 		c := d[i]
 		switch {
 		case c == '"':

@@ -32,7 +32,31 @@ type normalizer interface {
 
 type formNormalizer struct{ f norm.Form }
 
-func (n formNormalizer) normalize(s string) string { return n.f.String(s) }
+// normalize applies the Unicode normalization form; ASCII text, which every form leaves as it is,
+// is checked eight bytes at a time and returned without the normalizer's own scan.
+func (n formNormalizer) normalize(s string) string {
+	if isASCII(s) {
+		return s
+	}
+	return n.f.String(s)
+}
+
+// isASCII reports whether s has no byte ≥ 0x80.
+func isASCII(s string) bool {
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		if (uint64(s[i])|uint64(s[i+1])<<8|uint64(s[i+2])<<16|uint64(s[i+3])<<24|
+			uint64(s[i+4])<<32|uint64(s[i+5])<<40|uint64(s[i+6])<<48|uint64(s[i+7])<<56)&0x8080808080808080 != 0 {
+			return false
+		}
+	}
+	for ; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
 
 type lowercaseNormalizer struct{}
 

@@ -45,6 +45,9 @@ const (
 
 var asciiClass [utf8.RuneSelf]uint8
 
+// isASCIILetter reports c in A-Z or a-z (the ASCII bytes of class letter).
+func isASCIILetter(c byte) bool { return (c|0x20)-'a' < 26 }
+
 func init() {
 	for c := 0; c < utf8.RuneSelf; c++ {
 		r := rune(c)
@@ -165,6 +168,21 @@ func whitespaceTail(s string, i, j, lastStart int) int {
 }
 
 func scanLlamaLike(s string, i int, maxDigits int) int {
+	// The common pieces first: ASCII letters, or a space and ASCII letters (`[^\r\n\p{L}\p{N}]?\p{L}+`;
+	// a contraction needs a quote, so none starts here).
+	if j := i; s[j] == ' ' || isASCIILetter(s[j]) {
+		if s[j] == ' ' {
+			j++
+		}
+		if j < len(s) && isASCIILetter(s[j]) {
+			for j++; j < len(s) && isASCIILetter(s[j]); j++ {
+			}
+			if j < len(s) && s[j] >= utf8.RuneSelf {
+				return skipClass(s, j, clsLetter) // the letters go on beyond ASCII
+			}
+			return j
+		}
+	}
 	if n := contraction(s, i, true); n > 0 {
 		return i + n
 	}

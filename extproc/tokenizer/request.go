@@ -1,10 +1,13 @@
 package tokenizer
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/kvepp/kvepp/internal/jsonscan"
 )
 
 // ErrBadRequest matches (errors.Is) every *RequestError: the request body is malformed and the
@@ -51,57 +54,152 @@ func badRequest(format string, args ...any) *RequestError {
 	return &RequestError{Msg: fmt.Sprintf(format, args...)}
 }
 
-// parseBody decodes a request body as an order-keeping JSON object and validates `model`.
-func parseBody(body []byte) (*jval, error) {
-	v, err := decodeOrdered(body)
+// Member is one top-level member of a request body: its key (unescaped) and its raw JSON value.
+type Member struct {
+	Key, Value []byte
+	// Elements, when the caller split an array value already (extproc does for messages), are the
+	// [start, end) offsets in Value of its elements; nil means not split.
+	Elements [][2]int
+}
+
+// Request is a request body split into its top-level members, validated JSON. Only the members a
+// tokenization reads are decoded (the messages of a continuing conversation only from the first
+// one the conversation cache does not hold), so a body that a caller has already scanned is never
+// parsed twice (epp.md §13.5). A Request aliases the bytes it was made from and is valid as long as
+// they are.
+type Request struct {
+	members []Member
+}
+
+// ParseRequest validates body as one JSON object and splits it into its members. Errors are
+// *RequestError: not valid JSON, not an object, or a model that is not a string.
+func ParseRequest(body []byte) (*Request, error) {
+	r := &Request{}
+	err := jsonscan.Object(body, func(key []byte, s, e int) {
+		r.members = append(r.members, Member{Key: key, Value: body[s:e]})
+	})
+	switch err {
+	case nil:
+	case jsonscan.ErrNotObject:
+		return nil, badRequest("request body is a JSON %s, want an object", jsonscan.TypeName(bytes.TrimLeft(body, " \t\r\n")))
+	default:
+		cause := err
+		if _, derr := decodeOrdered(body); derr != nil {
+			cause = derr // names the offset
+		}
+		return nil, &RequestError{Msg: "request body is not valid JSON", Err: cause}
+	}
+	return r, r.checkModel()
+}
+
+// RequestFromMembers builds a Request from members a caller already validated and scanned in
+// document order (extproc's TokenizeCall.Members); the last of a repeated key counts. The error is
+// a *RequestError for a model that is not a string. The members must be valid JSON values: they
+// are decoded without further checks of the surrounding object.
+func RequestFromMembers(members []Member) (*Request, error) {
+	r := &Request{members: members}
+	return r, r.checkModel()
+}
+
+func (r *Request) checkModel() error {
+	if m := r.get("model"); m != nil && m[0] != '"' {
+		return badRequest("model is %s, want a string", jsonscan.TypeName(m))
+	}
+	return nil
+}
+
+// get returns the raw value of the last member named key, or nil.
+func (r *Request) get(key string) []byte {
+	if m := r.member(key); m != nil {
+		return m.Value
+	}
+	return nil
+}
+
+// member returns the last member named key, or nil.
+func (r *Request) member(key string) *Member {
+	for i := len(r.members) - 1; i >= 0; i-- {
+		if string(r.members[i].Key) == key {
+			return &r.members[i]
+		}
+	}
+	return nil
+}
+
+// decode decodes the raw value of member key (nil when absent).
+func (r *Request) decode(key string) (*jval, error) {
+	raw := r.get(key)
+	if raw == nil {
+		return nil, nil
+	}
+	v, err := decodeOrdered(raw)
 	if err != nil {
-		return nil, &RequestError{Msg: "request body is not valid JSON", Err: err}
-	}
-	if v.kind != jObject {
-		return nil, badRequest("request body is a JSON %s, want an object", v.typeName())
-	}
-	if m := v.get("model"); m != nil && m.kind != jString {
-		return nil, badRequest("model is %s, want a string", m.typeName())
+		return nil, &RequestError{Msg: key + " is not valid JSON", Err: err}
 	}
 	return v, nil
 }
 
-// optBool reads an optional boolean field (absent or null → def).
-func optBool(obj *jval, key string, def bool) (bool, bool, error) {
-	v := obj.get(key)
-	if v == nil || v.kind == jNull {
+// optBool reads an optional boolean member (absent or null → def) and whether it was set.
+func (r *Request) optBool(key string, def bool) (bool, bool, error) {
+	switch v := r.get(key); {
+	case v == nil || v[0] == 'n':
 		return def, false, nil
+	case v[0] == 't':
+		return true, true, nil
+	case v[0] == 'f':
+		return false, true, nil
+	default:
+		return false, false, badRequest("%s is %s, want a boolean", key, jsonscan.TypeName(v))
 	}
-	if v.kind != jBool {
-		return false, false, badRequest("%s is %s, want a boolean", key, v.typeName())
-	}
-	return v.b, true, nil
 }
 
-// chatInputFromBody extracts the template inputs of a chat completions body (epp.md §5.4).
-func chatInputFromBody(obj *jval) (*chatInput, bool, error) {
-	msgs := obj.get("messages")
-	if msgs == nil || msgs.kind != jArray {
-		return nil, false, badRequest("messages is %s, want an array", msgs.typeName())
+// optContainer decodes the optional member key, which must be an array (open '[') or an object
+// ('{') when present and not null; it returns the value and its raw JSON (nil, nil when absent or
+// null) or a *RequestError naming the member.
+func (r *Request) optContainer(key string, open byte) (*jval, []byte, error) {
+	raw := r.get(key)
+	if raw == nil || raw[0] == 'n' {
+		return nil, nil, nil
 	}
-	in := &chatInput{messages: msgs}
-	if tools := obj.get("tools"); tools != nil && tools.kind != jNull {
-		if tools.kind != jArray {
-			return nil, false, badRequest("tools is %s, want an array", tools.typeName())
+	if raw[0] != open {
+		want := "an object"
+		if open == '[' {
+			want = "an array"
 		}
-		in.tools = tools
+		return nil, nil, badRequest("%s is %s, want %s", key, jsonscan.TypeName(raw), want)
 	}
-	if kw := obj.get("chat_template_kwargs"); kw != nil && kw.kind != jNull {
-		if kw.kind != jObject {
-			return nil, false, badRequest("chat_template_kwargs is %s, want an object", kw.typeName())
-		}
-		in.kwargs = kw
+	v, err := decodeOrdered(raw)
+	if err != nil {
+		return nil, nil, &RequestError{Msg: key + " is not valid JSON", Err: err}
 	}
-	agp, agpSet, err := optBool(obj, "add_generation_prompt", true)
+	return v, raw, nil
+}
+
+// chatInputFromRequest extracts the template inputs of a chat completions request (epp.md §5.4):
+// the messages are checked to be an array but decoded later (chatInput.decodeMessages), so a
+// conversation-cache hit decodes only its new messages.
+func chatInputFromRequest(r *Request) (*chatInput, bool, error) {
+	var msgs []byte
+	var elems [][2]int
+	if m := r.member("messages"); m != nil {
+		msgs, elems = m.Value, m.Elements
+	}
+	if msgs == nil || msgs[0] != '[' {
+		return nil, false, badRequest("messages is %s, want an array", jsonscan.TypeName(msgs))
+	}
+	in := &chatInput{messagesRaw: msgs, messageElems: elems}
+	var err error
+	if in.tools, in.toolsRaw, err = r.optContainer("tools", '['); err != nil {
+		return nil, false, err
+	}
+	if in.kwargs, in.kwargsRaw, err = r.optContainer("chat_template_kwargs", '{'); err != nil {
+		return nil, false, err
+	}
+	agp, agpSet, err := r.optBool("add_generation_prompt", true)
 	if err != nil {
 		return nil, false, err
 	}
-	cont, _, err := optBool(obj, "continue_final_message", false)
+	cont, _, err := r.optBool("continue_final_message", false)
 	if err != nil {
 		return nil, false, err
 	}
@@ -113,11 +211,20 @@ func chatInputFromBody(obj *jval) (*chatInput, bool, error) {
 	}
 	in.addGenerationPrompt = agp
 	in.continueFinal = cont
-	addSpecial, _, err := optBool(obj, "add_special_tokens", false)
+	addSpecial, _, err := r.optBool("add_special_tokens", false)
 	if err != nil {
 		return nil, false, err
 	}
 	return in, addSpecial, nil
+}
+
+// chatRequest parses a chat completions body into its template inputs.
+func chatRequest(body []byte) (*chatInput, bool, error) {
+	r, err := ParseRequest(body)
+	if err != nil {
+		return nil, false, err
+	}
+	return chatInputFromRequest(r)
 }
 
 // RenderChat renders a chat completions request body (epp.md §5.4 `local`, chat) with the
@@ -128,11 +235,7 @@ func chatInputFromBody(obj *jval) (*chatInput, bool, error) {
 // ErrNoChatTemplate when the model has none; any other error (a template engine failure) is
 // server-side.
 func (t *Tokenizer) RenderChat(body []byte) (string, error) {
-	obj, err := parseBody(body)
-	if err != nil {
-		return "", err
-	}
-	in, _, err := chatInputFromBody(obj)
+	in, _, err := chatRequest(body)
 	if err != nil {
 		return "", err
 	}
@@ -143,11 +246,7 @@ func (t *Tokenizer) RenderChat(body []byte) (string, error) {
 // prompt (RenderChat) encoded with add_special_tokens=false unless the body sets
 // add_special_tokens: true. Errors as RenderChat.
 func (t *Tokenizer) TokenizeChat(body []byte) ([]uint32, error) {
-	obj, err := parseBody(body)
-	if err != nil {
-		return nil, err
-	}
-	in, addSpecial, err := chatInputFromBody(obj)
+	in, addSpecial, err := chatRequest(body)
 	if err != nil {
 		return nil, err
 	}
@@ -163,15 +262,23 @@ func (t *Tokenizer) TokenizeChat(body []byte) ([]uint32, error) {
 // string; [int] is returned as is; [[int]] returns the first list. Errors: *RequestError for a
 // missing, empty or mistyped prompt or a token id outside [0, 2^32).
 func (t *Tokenizer) TokenizeCompletion(body []byte) ([]uint32, error) {
-	obj, err := parseBody(body)
+	r, err := ParseRequest(body)
 	if err != nil {
 		return nil, err
 	}
-	addSpecial, _, err := optBool(obj, "add_special_tokens", true)
+	return t.CompletionIDs(r)
+}
+
+// CompletionIDs is TokenizeCompletion for a Request.
+func (t *Tokenizer) CompletionIDs(r *Request) ([]uint32, error) {
+	addSpecial, _, err := r.optBool("add_special_tokens", true)
 	if err != nil {
 		return nil, err
 	}
-	p := obj.get("prompt")
+	p, err := r.decode("prompt")
+	if err != nil {
+		return nil, err
+	}
 	if p == nil {
 		return nil, badRequest("prompt is missing")
 	}
@@ -235,11 +342,16 @@ func describe(v *jval) string {
 // a chat (add_generation_prompt true, add_special_tokens false). Errors: *RequestError for a
 // malformed body, ErrStateful when previous_response_id is set, ErrNoChatTemplate.
 func (t *Tokenizer) TokenizeResponses(body []byte) ([]uint32, error) {
-	obj, err := parseBody(body)
+	r, err := ParseRequest(body)
 	if err != nil {
 		return nil, err
 	}
-	if prev := obj.get("previous_response_id"); prev != nil && prev.kind != jNull {
+	return t.ResponsesIDs(r)
+}
+
+// ResponsesIDs is TokenizeResponses for a Request.
+func (t *Tokenizer) ResponsesIDs(r *Request) ([]uint32, error) {
+	if prev := r.get("previous_response_id"); prev != nil && prev[0] != 'n' {
 		return nil, ErrStateful
 	}
 	msgs := &jval{kind: jArray}
@@ -249,13 +361,20 @@ func (t *Tokenizer) TokenizeResponses(body []byte) ([]uint32, error) {
 		m.set("content", jstr(content))
 		msgs.arr = append(msgs.arr, m)
 	}
-	if ins := obj.get("instructions"); ins != nil && ins.kind != jNull {
+	ins, err := r.decode("instructions")
+	if err != nil {
+		return nil, err
+	}
+	if ins != nil && ins.kind != jNull {
 		if ins.kind != jString {
 			return nil, badRequest("instructions is %s, want a string", ins.typeName())
 		}
 		addMsg(jstr("system"), ins.s)
 	}
-	input := obj.get("input")
+	input, err := r.decode("input")
+	if err != nil {
+		return nil, err
+	}
 	switch {
 	case input == nil:
 		return nil, badRequest("input is missing")

@@ -104,11 +104,107 @@ func prepareTemplate(src string) preparedTemplate {
 			texts = append(texts, jinja.NewString(p.s))
 		case p.kind == '#' || p.isRaw:
 			// Comments and raw/endraw tags produce no output.
+		case p.kind == '{':
+			if ops, ok := concatChain(p.inner()); ok {
+				for _, op := range ops {
+					b.WriteString("{{ " + op + " }}")
+				}
+				continue
+			}
+			b.WriteString(p.s)
 		default:
 			b.WriteString(p.s)
 		}
 	}
 	return preparedTemplate{src: b.String(), texts: jinja.NewList(texts)}
+}
+
+// concatChain splits an output expression `'lit' + e2 + … + en` into its operands, so that
+// `{{ 'lit' + e2 + … }}` is emitted as `{{ 'lit' }}{{ e2 }}…`: the chat templates print each turn
+// that way, and the engine would otherwise copy the growing string (a whole message content) once
+// per '+'. The output is the same: in ardanlabs/jinja a '+' with a string operand concatenates
+// the printed forms of both operands, so a chain that starts with a string literal prints the
+// concatenation of every operand's printed form, evaluated left to right either way. ok is false
+// unless the expression is exactly such a chain at its top level: nothing of lower precedence
+// there ('-', '~', comparisons, and/or/not/in/is/if/else), no number with a signed exponent.
+func concatChain(expr string) ([]string, bool) {
+	expr = strings.TrimSpace(expr)
+	if expr == "" || (expr[0] != '\'' && expr[0] != '"') {
+		return nil, false
+	}
+	var ops []string
+	depth, start := 0, 0
+	for i := 0; i < len(expr); i++ {
+		c := expr[i]
+		switch {
+		case c == '\'' || c == '"':
+			j := i + 1
+			for j < len(expr) && expr[j] != c {
+				if expr[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			if j >= len(expr) {
+				return nil, false
+			}
+			i = j
+		case c == '(' || c == '[' || c == '{':
+			depth++
+		case c == ')' || c == ']' || c == '}':
+			depth--
+		case depth > 0:
+		case c == '+':
+			if i > 0 && (expr[i-1] == 'e' || expr[i-1] == 'E') && i > 1 && expr[i-2] >= '0' && expr[i-2] <= '9' {
+				return nil, false // 1e+5
+			}
+			ops = append(ops, strings.TrimSpace(expr[start:i]))
+			start = i + 1
+		case c == '-' || c == '~' || c == '=' || c == '!' || c == '<' || c == '>':
+			return nil, false
+		case isIdentByte(c):
+			j := i
+			for j < len(expr) && (isIdentByte(expr[j]) || expr[j] == '.') {
+				j++
+			}
+			switch expr[i:j] {
+			case "if", "else", "or", "and", "not", "in", "is":
+				return nil, false
+			}
+			i = j - 1
+		}
+	}
+	ops = append(ops, strings.TrimSpace(expr[start:]))
+	if len(ops) < 2 || depth != 0 {
+		return nil, false
+	}
+	if !stringLiteral(ops[0]) {
+		return nil, false
+	}
+	for _, op := range ops {
+		if op == "" {
+			return nil, false
+		}
+	}
+	return ops, true
+}
+
+// stringLiteral reports whether s is exactly one quoted string literal.
+func stringLiteral(s string) bool {
+	if len(s) < 2 || (s[0] != '\'' && s[0] != '"') || s[len(s)-1] != s[0] {
+		return false
+	}
+	q := s[0]
+	for i := 1; i < len(s)-1; i++ {
+		if s[i] == '\\' {
+			i++
+			continue
+		}
+		if s[i] == q {
+			return false
+		}
+	}
+	return true
 }
 
 func itoa(n int) string {

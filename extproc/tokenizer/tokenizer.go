@@ -35,6 +35,11 @@ type Tokenizer struct {
 	maxPositions   int  // config.json max_position_embeddings, 0 = unknown
 
 	segPool sync.Pool // *[]segment scratch
+
+	// cacheID tells this tokenizer's entries apart in a shared ConversationCache; prefixSafe
+	// reports raw added tokens without lstrip/rstrip/single_word, which the cache needs.
+	cacheID    uint64
+	prefixSafe bool
 }
 
 type addedTokenJSON struct {
@@ -268,6 +273,7 @@ func parseTokenizerJSON(data []byte) (*Tokenizer, error) {
 		}
 		return a.content
 	})
+	t.cacheID, t.prefixSafe = cacheIDs.Add(1), t.addedRaw.stripFree()
 	return t, nil
 }
 
@@ -341,19 +347,41 @@ func (t *Tokenizer) getSegs() *[]segment {
 }
 
 func (t *Tokenizer) appendEncoded(text string, dst []uint32) []uint32 {
+	return t.appendEncodedAt(text, true, false, dst, nil)
+}
+
+// segMark is a boundary between two raw segments of an encoded text (the added tokens split it
+// there, tokenizer.md step 2): the text offset, how many ids precede it in the output, and whether
+// the segment before it is an added token.
+type segMark struct {
+	off, ids   int
+	afterToken bool
+}
+
+// appendEncodedAt encodes text onto dst. atStart is false when text continues an earlier text at a
+// raw segment boundary (conversation cache): then no segment is the start of the encoded input
+// (Metaspace prepend_scheme "first"), and afterToken says whether that earlier text ended with an
+// added token. When marks is non-nil every raw segment start, and the end of text, is appended to
+// it with len(dst) at that point (ids counted from the start of dst).
+func (t *Tokenizer) appendEncodedAt(text string, atStart, afterToken bool, dst []uint32, marks *[]segMark) []uint32 {
 	segs := t.getSegs()
 	*segs = t.addedRaw.split(text, *segs)
 	for _, sg := range *segs {
+		if marks != nil {
+			*marks = append(*marks, segMark{sg.start, len(dst), afterToken})
+			afterToken = sg.id >= 0
+		}
 		if sg.id >= 0 {
 			dst = append(dst, uint32(sg.id))
 			continue
 		}
+		first := atStart && sg.start == 0
 		seg := text[sg.start:sg.end]
 		if t.norm != nil {
 			seg = t.norm.normalize(seg)
 		}
 		if !t.addedNorm.any {
-			dst = t.appendWords(seg, sg.start == 0, dst)
+			dst = t.appendWords(seg, first, dst)
 			continue
 		}
 		inner := t.addedNorm.split(seg, nil)
@@ -361,9 +389,12 @@ func (t *Tokenizer) appendEncoded(text string, dst []uint32) []uint32 {
 			if s2.id >= 0 {
 				dst = append(dst, uint32(s2.id))
 			} else {
-				dst = t.appendWords(seg[s2.start:s2.end], sg.start == 0 && s2.start == 0, dst)
+				dst = t.appendWords(seg[s2.start:s2.end], first && s2.start == 0, dst)
 			}
 		}
+	}
+	if marks != nil {
+		*marks = append(*marks, segMark{len(text), len(dst), afterToken})
 	}
 	t.segPool.Put(segs)
 	return dst

@@ -2,7 +2,11 @@
 // echoes unbounded input: a 1 MB id in a request is quoted as its first 100 bytes and "…".
 package excerpt
 
-import "unicode/utf8"
+import (
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
 
 // MaxBytes is how many bytes of a value Of keeps before marking the cut with "…".
 const MaxBytes = 100
@@ -21,4 +25,36 @@ func OfN(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + "…"
+}
+
+// Clean returns text from another program (a server's error message, a peer's body) fit to
+// quote in an answer or a log line: invalid UTF-8 and control characters (C0, DEL, C1) are
+// dropped, except that tabs, newlines and carriage returns become one space each; surrounding
+// spaces are trimmed; the result is cut to at most n bytes as OfN does (n > 0).
+func Clean(s string, n int) string {
+	clean := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f {
+			clean = false
+			break
+		}
+	}
+	if !clean {
+		var b strings.Builder
+		b.Grow(min(len(s), n+utf8.UTFMax))
+		for i := 0; i < len(s) && b.Len() <= n; {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			i += size
+			switch {
+			case r == utf8.RuneError && size <= 1:
+			case r == '\t' || r == '\n' || r == '\r':
+				b.WriteByte(' ')
+			case unicode.IsControl(r):
+			default:
+				b.WriteRune(r)
+			}
+		}
+		s = b.String()
+	}
+	return OfN(strings.TrimSpace(s), n)
 }

@@ -24,3 +24,24 @@ func TestOf(t *testing.T) {
 		})
 	}
 }
+
+func TestClean(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		n        int
+		want     string
+	}{
+		{"plain text is kept", "Not Found", 100, "Not Found"},
+		{"control characters and invalid UTF-8 are dropped", "a\x00b\xffc\x1b[31md\u0085e\x7f", 100, "abc[31mde"},
+		{"tabs and newlines become spaces, ends trimmed", "\n line one\n\tline two \r\n", 100, "line one  line two"},
+		{"the result is bounded", strings.Repeat("é", 300), 100, strings.Repeat("é", 50) + "…"},
+		{"a long dirty value is bounded too", strings.Repeat("\x00a", 1<<20), 10, strings.Repeat("a", 10) + "…"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Clean(tc.in, tc.n)
+			if got != tc.want {
+				t.Fatalf("Clean = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

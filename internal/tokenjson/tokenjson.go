@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/kvepp/kvepp/internal/jsonscan"
 )
 
 // Error says why an input is not a JSON array of token ids. Every error this package returns is an
@@ -269,14 +271,4 @@ func hasLiteral(v []byte, i int, lit string) bool {
 
 // SkipSpace returns the offset of the first byte at or after i that is not JSON whitespace (RFC
 // 8259: space, tab, LF, CR — not the wider set bytes.TrimSpace removes); len(v) when there is none.
-func SkipSpace(v []byte, i int) int {
-	for i < len(v) {
-		switch v[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
+func SkipSpace(v []byte, i int) int { return jsonscan.SkipSpace(v, i) }

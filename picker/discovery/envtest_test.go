@@ -153,8 +153,8 @@ func TestEnvtestInferencePoolDiscovery(t *testing.T) {
 		h.create(envPod(ns, "other-0", "other", "10.1.0.9"))
 		h.waitEndpoints(map[uint64]string{id("vllm-0"): "http://10.1.0.1:8000", id("vllm-1"): "http://10.1.0.2:8000"})
 		h.waitFor("vllm-1 withheld, vllm-0 candidate", func() bool { return h.cat.IsCandidate(id("vllm-0")) && !h.cat.IsCandidate(id("vllm-1")) })
-		if a, ok := h.src.RankAddress(id("vllm-1"), 1); !ok || a != "10.1.0.2:8001" {
-			t.Errorf("rank address %q %t", a, ok)
+		if st, _ := h.cat.Worker(id("vllm-1")); st.RankEndpoint(1) != "http://10.1.0.2:8001" {
+			t.Errorf("rank 1 endpoint %q", st.RankEndpoint(1))
 		}
 
 		// Readiness flap: candidacy only.

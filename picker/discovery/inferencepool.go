@@ -136,10 +136,10 @@ type poolSnapshot struct {
 	problem string
 }
 
-// rankIndex maps registered ranks to their addresses and back.
+// rankIndex maps registered workers to their pods' addresses and ports (Ranks). Destinations come
+// from the catalog records (picker.WorkerRecord.RankEndpoints), which discovery fills.
 type rankIndex struct {
 	byWorker map[uint64]poolWorker
-	byAddr   map[string]picker.WorkerRank
 }
 
 // PoolSource keeps the worker catalog equal to the pods of one InferencePool (epp.md §10.1–10.3):
@@ -152,7 +152,7 @@ type rankIndex struct {
 //
 // The source reads through a controller-runtime client.Reader (the shared informer cache built by
 // NewKube, or a fake client in tests) whenever Trigger is called. Create it with NewPoolSource,
-// call Start once and Close when done. Stats, Ready, RankAddress and WorkerAt are safe for
+// call Start once and Close when done. Stats, Ready and Ranks are safe for
 // concurrent use.
 type PoolSource struct {
 	cfg    PoolConfig
@@ -227,7 +227,7 @@ func NewPoolSource(cfg PoolConfig, reader client.Reader, cat Catalog) (*PoolSour
 		readyCh:          make(chan struct{}),
 		done:             make(chan struct{}),
 		stats:            PoolStats{Problem: "InferencePool " + pool + " not read yet"},
-		ranks:            rankIndex{byWorker: map[uint64]poolWorker{}, byAddr: map[string]picker.WorkerRank{}},
+		ranks:            rankIndex{byWorker: map[uint64]poolWorker{}},
 		collisionsLogged: map[string]bool{},
 		annotationLogged: map[string]string{},
 	}, nil
@@ -301,28 +301,6 @@ func (s *PoolSource) Stats() PoolStats {
 // Name returns the pool name (DYN_EPP_INFERENCE_POOL_NAME).
 func (s *PoolSource) Name() string { return s.cfg.Name }
 
-// RankAddress returns "ip:port" of rank dpRank of a discovered worker: the pod IP and
-// spec.targetPorts[dpRank] (epp.md §5.6 step 6, §10.3). ok is false for workers this source did
-// not register.
-func (s *PoolSource) RankAddress(workerID uint64, dpRank uint32) (string, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, ok := s.ranks.byWorker[workerID]
-	if !ok || int(dpRank) >= len(w.ports) {
-		return "", false
-	}
-	return net.JoinHostPort(w.ip, strconv.Itoa(int(w.ports[dpRank]))), true
-}
-
-// WorkerAt returns the registered rank served at hostPort ("ip:port", IPv6 bracketed): the
-// reverse of RankAddress, used to match the endpoint a gateway reports as served (epp.md §6.3).
-func (s *PoolSource) WorkerAt(hostPort string) (picker.WorkerRank, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	wr, ok := s.ranks.byAddr[canonicalHostPort(hostPort)]
-	return wr, ok
-}
-
 // Ranks returns every registered rank, ordered by pod name and rank.
 func (s *PoolSource) Ranks() []PodRank {
 	s.mu.Lock()
@@ -349,20 +327,6 @@ func (s *PoolSource) SetWaitingFor(note string) {
 	s.mu.Lock()
 	s.waitNote = note
 	s.mu.Unlock()
-}
-
-// canonicalHostPort normalises "host:port" (IPv6 compressed and bracketed); a value without a
-// port is returned trimmed.
-func canonicalHostPort(hp string) string {
-	hp = strings.TrimSpace(hp)
-	host, port, err := net.SplitHostPort(hp)
-	if err != nil {
-		return hp
-	}
-	if ip := net.ParseIP(host); ip != nil {
-		host = ip.String()
-	}
-	return net.JoinHostPort(host, port)
 }
 
 // loop serializes reads, applies and retries.
@@ -443,7 +407,7 @@ func desiredOf(ws []poolWorker) []desiredWorker {
 // publish records the outcome of an apply of snap: the rank index holds the workers whose record
 // the catalog now has from this source; readiness follows snap.ready once an apply succeeded.
 func (s *PoolSource) publish(snap poolSnapshot, applied bool) {
-	idx := rankIndex{byWorker: map[uint64]poolWorker{}, byAddr: map[string]picker.WorkerRank{}}
+	idx := rankIndex{byWorker: map[uint64]poolWorker{}}
 	registered, candidates, ranks := 0, 0, 0
 	for _, w := range snap.workers {
 		o, ok := s.rec.owned[w.rec.WorkerID]
@@ -451,9 +415,6 @@ func (s *PoolSource) publish(snap poolSnapshot, applied bool) {
 			continue
 		}
 		idx.byWorker[w.rec.WorkerID] = w
-		for r, p := range w.ports {
-			idx.byAddr[canonicalHostPort(net.JoinHostPort(w.ip, strconv.Itoa(int(p))))] = picker.WorkerRank{WorkerID: w.rec.WorkerID, DPRank: uint32(r)}
-		}
 		registered++
 		ranks += len(w.ports)
 		if w.candidate {
@@ -645,6 +606,14 @@ func (s *PoolSource) workerOf(id uint64, p *corev1.Pod, ports []int32) poolWorke
 	}
 	for r := range ports {
 		rec.KVEventsEndpoints[strconv.Itoa(r)] = "tcp://" + net.JoinHostPort(ip, strconv.Itoa(kvPort+r))
+	}
+	if len(ports) > 1 {
+		// Rank r is served on targetPorts[r]: the catalog carries it, so ext_proc and the
+		// selection API name the same destination (and both follow an API rewrite).
+		rec.RankEndpoints = make([]string, len(ports))
+		for r, p := range ports {
+			rec.RankEndpoints[r] = "http://" + net.JoinHostPort(ip, strconv.Itoa(int(p)))
+		}
 	}
 	if s.cfg.KVEventReplayPort > 0 && len(ports) == 1 {
 		rec.ReplayEndpoint = "tcp://" + net.JoinHostPort(ip, strconv.Itoa(s.cfg.KVEventReplayPort))

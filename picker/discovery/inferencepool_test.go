@@ -247,6 +247,7 @@ func TestPoolSourceRegistersPods(t *testing.T) {
 		BlockSize: u32(16), DataParallelStartRank: u32(0), DataParallelSize: u32(2),
 		KVEventsEndpoints:   map[string]string{"0": "tcp://10.0.0.1:5557", "1": "tcp://10.0.0.1:5558"},
 		MaxNumBatchedTokens: u64(8192), TotalKVBlocks: u64(1000),
+		RankEndpoints: []string{"http://10.0.0.1:8000", "http://10.0.0.1:8001"},
 	}
 	if diff := cmp.Diff(want, st.WorkerRecord); diff != "" {
 		t.Errorf("worker record (-want +got):\n%s", diff)
@@ -260,15 +261,18 @@ func TestPoolSourceRegistersPods(t *testing.T) {
 	if s := h.src.Stats(); !s.Ready || s.Registered != 2 || s.Candidates != 1 || s.Ranks != 4 || s.Problem != "" {
 		t.Errorf("stats %+v", s)
 	}
-	// One dp_rank per target port: destinations and the reverse lookup.
-	if a, ok := h.src.RankAddress(id("vllm-0"), 1); !ok || a != "10.0.0.1:8001" {
-		t.Errorf("RankAddress(vllm-0, 1) = %q %t", a, ok)
+	// One dp_rank per target port, in the catalog record: the destination ext_proc and the
+	// selection API both name.
+	if st, _ := h.cat.Worker(id("vllm-1")); st.RankEndpoint(1) != "http://10.0.0.2:8001" ||
+		st.DPRankEndpoints["1"] != "http://10.0.0.2:8001" {
+		t.Errorf("vllm-1 rank 1 at %q (dp_rank_endpoints %v)", st.RankEndpoint(1), st.DPRankEndpoints)
 	}
-	if wr, ok := h.src.WorkerAt("10.0.0.2:8001"); !ok || wr != (picker.WorkerRank{WorkerID: id("vllm-1"), DPRank: 1}) {
-		t.Errorf("WorkerAt(10.0.0.2:8001) = %+v %t", wr, ok)
-	}
-	if _, ok := h.src.WorkerAt("10.0.0.3:8000"); ok {
-		t.Error("a pending pod's address resolved")
+	if sel, err := h.cat.Reserve(context.Background(), picker.ReservationRequest{ModelName: "Qwen/Qwen3-0.6B", SelectionID: "r1",
+		WorkerID: u64(id("vllm-0")), DPRank: u32(1), Prompt: picker.Prompt{TokenIDs: []uint32{1, 2, 3}}}); err != nil ||
+		sel.Endpoint != "http://10.0.0.1:8001" {
+		t.Errorf("reservation on vllm-0 rank 1: %+v %v", sel, err)
+	} else if err := h.cat.Free(context.Background(), "r1"); err != nil {
+		t.Error(err)
 	}
 	// Picks only reach candidates.
 	for i := 0; i < 20; i++ {
@@ -371,8 +375,8 @@ func TestPoolSourcePoolChanges(t *testing.T) {
 		if _, d := h.cat.counts(id("b-0")); d != 0 {
 			t.Errorf("a port change deleted the worker %d times", d)
 		}
-		if a, ok := h.src.RankAddress(id("b-0"), 2); !ok || a != "10.0.2.1:9002" {
-			t.Errorf("rank 2 address %q %t", a, ok)
+		if a := st.RankEndpoint(2); a != "http://10.0.2.1:9002" {
+			t.Errorf("rank 2 endpoint %q", a)
 		}
 	})
 	t.Run("an invalid pool spec makes the source not ready and removes its workers", func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"hash/fnv"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -402,7 +403,8 @@ func (s *FileSource) apply(ctx context.Context, recs []picker.WorkerRecord) erro
 
 // sameRecord compares two records by their JSON form after filling the partition defaults and
 // normalizing taints to a sorted set, so a catalog that normalizes "" to "default", stores taints
-// sorted without duplicates or drops empty maps does not look changed.
+// sorted without duplicates or drops empty maps does not look changed; the per-rank endpoints,
+// which JSON does not carry, are compared too.
 func sameRecord(a, b picker.WorkerRecord) bool {
 	norm := func(r picker.WorkerRecord) []byte {
 		if r.ModelName == "" {
@@ -415,5 +417,5 @@ func sameRecord(a, b picker.WorkerRecord) bool {
 		b, _ := json.Marshal(r)
 		return b
 	}
-	return bytes.Equal(norm(a), norm(b))
+	return bytes.Equal(norm(a), norm(b)) && slices.Equal(a.RankEndpoints, b.RankEndpoints)
 }

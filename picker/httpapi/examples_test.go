@@ -33,7 +33,7 @@ func TestReferenceWorkerRegistrationExamples(t *testing.T) {
 }`)
 		want := map[string]any{"worker_id": 1.0, "model_name": "model", "routing_group": "default", "endpoint": "http://worker:8000",
 			"block_size": 16.0, "data_parallel_start_rank": 0.0, "data_parallel_size": 2.0,
-			"kv_events_endpoints": map[string]any{"0": "tcp://worker:5557", "1": "tcp://worker:5558"}, "lifecycle": "schedulable"}
+			"kv_events_endpoints": map[string]any{"0": "tcp://worker:5557", "1": "tcp://worker:5558"}, "lifecycle": "schedulable", "candidate": true}
 		if diff := cmp.Diff(want, v); diff != "" {
 			t.Fatalf("record (-want +got):\n%s", diff)
 		}

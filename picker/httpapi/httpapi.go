@@ -91,6 +91,12 @@ type Options struct {
 	// with ready false; DELETE /workers/{id}, GET /workers, GET /loads, GET /health and GET /dump
 	// keep working. Nil means never draining (only the core's own shutdown counts).
 	Draining func() bool
+	// Ready, when non-nil, is the embedding process's readiness (the EPP's gRPC readiness,
+	// epp.md §9): while it returns false, GET /ready answers 503 with ready false whatever the
+	// catalog holds, so the side port never reports ready before the process is (its index
+	// recovered, its tokenizers loaded). Nil: the catalog alone decides (selection-service.md §5,
+	// `epp select-service`).
+	Ready func() bool
 }
 
 // ReplicaPeers is the dynamic replica-sync peer membership (selection-service.md §15.5), provided
@@ -113,11 +119,12 @@ type Handler struct {
 	maxBody  int64
 	replica  ReplicaPeers
 	draining func() bool
+	readyFn  func() bool
 }
 
 // New returns the HTTP handler of the selection API over core.
 func New(core Core, opts Options) *Handler {
-	h := &Handler{core: core, log: opts.Logger, maxBody: opts.MaxBodyBytes, replica: opts.Replica, draining: opts.Draining}
+	h := &Handler{core: core, log: opts.Logger, maxBody: opts.MaxBodyBytes, replica: opts.Replica, draining: opts.Draining, readyFn: opts.Ready}
 	if h.maxBody <= 0 {
 		h.maxBody = DefaultMaxBodyBytes
 	}
@@ -515,7 +522,7 @@ func (h *Handler) ready(w http.ResponseWriter, _ *http.Request) {
 	if st.Workers == nil {
 		st.Workers = []picker.WorkerState{}
 	}
-	if h.isDraining() {
+	if h.isDraining() || (h.readyFn != nil && !h.readyFn()) {
 		st.Ready = false
 	}
 	code := http.StatusOK
@@ -594,9 +601,8 @@ func (h *Handler) patchWorker(w http.ResponseWriter, r *http.Request, idStr stri
 	if !h.decodeBody(w, r, &p, false) {
 		return
 	}
-	if field := p.partitionField(); field != "" {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf(
-			"PATCH cannot change %s: a PATCH cannot move a worker between partitions (selection-service.md §4.3); register the whole record with POST /workers instead", field))
+	if p.WorkerID != nil && *p.WorkerID != id {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("worker_id %d in the body does not match worker_id %d in the path", *p.WorkerID, id))
 		return
 	}
 	st, err := h.core.PatchWorker(r.Context(), id, p.WorkerPatch)

@@ -158,7 +158,7 @@ func TestRegisterWorker(t *testing.T) {
 	got := register(t, srv, 1, `,"taints":["gpu"],"unknown_field":1`)
 	want := map[string]any{
 		"worker_id": 1.0, "model_name": "model", "routing_group": "default", "endpoint": "http://worker-1:8000",
-		"block_size": 4.0, "taints": []any{"gpu"}, "lifecycle": "schedulable",
+		"block_size": 4.0, "taints": []any{"gpu"}, "lifecycle": "schedulable", "candidate": true,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("record (-want +got):\n%s", diff)

@@ -295,3 +295,65 @@ func TestLargestBookingsAddUpExactly(t *testing.T) {
 		t.Fatalf("after freeing everything: potential_prefill_tokens %d, active_requests %d; want 0", p, n)
 	}
 }
+
+// TestReadyFollowsTheProcessAndCandidacy: GET /ready is 503 while Options.Ready says the process
+// is not ready (an EPP still recovering its index), and counts only candidates: a worker withheld
+// from picks (a pod that is not Ready) shows "candidate": false and makes nothing ready.
+func TestReadyFollowsTheProcessAndCandidacy(t *testing.T) {
+	core, err := picker.New(pickertest.Config(11, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready atomic.Bool
+	srv := httptest.NewServer(httpapi.New(core, httpapi.Options{Ready: ready.Load}))
+	t.Cleanup(srv.Close)
+	register(t, srv, 1, "")
+	if st, v := call(t, srv, "GET", "/ready", ""); st != 503 || obj(t, v)["ready"] != false || obj(t, v)["schedulable_workers"] != 1.0 {
+		t.Fatalf("/ready before the process is ready = %d %v", st, v)
+	}
+	ready.Store(true)
+	if st, v := call(t, srv, "GET", "/ready", ""); st != 200 || obj(t, v)["ready"] != true {
+		t.Fatalf("/ready = %d %v", st, v)
+	}
+	core.SetCandidate(1, false)
+	st, v := call(t, srv, "GET", "/ready", "")
+	workers := obj(t, v)["workers"].([]any)
+	if st != 503 || obj(t, v)["schedulable_workers"] != 0.0 || workers[0].(map[string]any)["candidate"] != false ||
+		workers[0].(map[string]any)["lifecycle"] != "schedulable" {
+		t.Fatalf("/ready with the only worker withheld = %d %v", st, v)
+	}
+	if _, v := call(t, srv, "GET", "/workers", ""); v.([]any)[0].(map[string]any)["candidate"] != false {
+		t.Fatalf("/workers = %v", v)
+	}
+}
+
+// TestPatchWorkerIdentityFields: PATCH /workers/{id} may repeat the worker's own model_name,
+// routing_group and worker_id (a no-op, as a client that sends the whole record does); a
+// different value is a 400 naming the field, never silently ignored.
+func TestPatchWorkerIdentityFields(t *testing.T) {
+	srv, _ := server(t)
+	register(t, srv, 1, "")
+	for _, tc := range []struct {
+		name, body string
+		status     int
+		msg        string
+	}{
+		{"its own model_name and routing_group are accepted", `{"model_name":"model","routing_group":"default","total_kv_blocks":7}`, 200, ""},
+		{"an empty routing_group means default", `{"routing_group":"","total_kv_blocks":8}`, 200, ""},
+		{"its own worker_id is accepted", `{"worker_id":1,"total_kv_blocks":9}`, 200, ""},
+		{"another model_name is a 400", `{"model_name":"other"}`, 400, "PATCH cannot change model_name"},
+		{"another routing_group is a 400", `{"routing_group":"g2"}`, 400, "PATCH cannot change routing_group"},
+		{"another worker_id is a 400", `{"worker_id":99}`, 400, "worker_id 99 in the body does not match worker_id 1 in the path"},
+		{"a model_name that is not a string is a 422", `{"model_name":5}`, 422, "model_name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, v := call(t, srv, "PATCH", "/workers/1", tc.body)
+			if st != tc.status || (tc.msg != "" && !strings.Contains(obj(t, v)["error"].(string), tc.msg)) {
+				t.Fatalf("PATCH %s = %d %v, want %d %q", tc.body, st, v, tc.status, tc.msg)
+			}
+		})
+	}
+	if _, v := call(t, srv, "GET", "/workers", ""); v.([]any)[0].(map[string]any)["total_kv_blocks"] != 9.0 {
+		t.Fatalf("the accepted PATCHes were not applied: %v", v)
+	}
+}

@@ -452,23 +452,11 @@ type workerBody struct {
 	WorkerID *uint64 `json:"worker_id"`
 }
 
-// patchBody is PATCH /workers/{worker_id} (§4.3): the patch plus the two partition fields, read
-// only to refuse them (a null value counts as not supplied).
+// patchBody is PATCH /workers/{worker_id} (§4.3): the patch (whose model_name and routing_group
+// may only repeat the worker's own) plus worker_id, which may only repeat the path's.
 type patchBody struct {
 	picker.WorkerPatch
-	ModelName    any `json:"model_name"`
-	RoutingGroup any `json:"routing_group"`
-}
-
-// partitionField names the first partition field the body supplies, or "".
-func (b *patchBody) partitionField() string {
-	switch {
-	case b.ModelName != nil:
-		return "model_name"
-	case b.RoutingGroup != nil:
-		return "routing_group"
-	}
-	return ""
+	WorkerID *uint64 `json:"worker_id"`
 }
 
 // outputBlockBody is POST /reservations/{id}/output_block (§10.2).

@@ -10,7 +10,6 @@ package selectservice
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -20,11 +19,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/kvepp/kvepp/internal/excerpt"
 	"github.com/kvepp/kvepp/ledger"
 	"github.com/kvepp/kvepp/picker"
 	"github.com/kvepp/kvepp/picker/httpapi"
@@ -80,6 +79,10 @@ type Config struct {
 	ReplicaSyncPort int
 	// ReplicaSyncPeers are --replica-sync-peers (comma list of ZMQ endpoints); they need the port.
 	ReplicaSyncPeers []string
+	// DumpLimits bound what recovery accepts from one peer's /dump (zero fields: the picker
+	// defaults; `epp select-service` sets them from DYN_EPP_RECOVERY_MAX_BYTES and
+	// DYN_EPP_RECOVERY_MAX_EVENTS).
+	DumpLimits picker.DumpLimits
 	// replicaPortGiven records that --replica-sync-port was given (0 given is an error).
 	replicaPortGiven bool
 
@@ -371,7 +374,7 @@ func Run(ctx context.Context, cfg Config, opts Options) (err error) {
 		if opts.Events != nil {
 			opts.Events.HoldEvents()
 		}
-		recovered := Recover(ctx, svc, cfg.IndexerPeers, cfg.Threads, opts.HTTPClient, log)
+		recovered := Recover(ctx, svc, cfg.IndexerPeers, cfg.Threads, cfg.DumpLimits, opts.HTTPClient, log)
 		if opts.Events != nil {
 			opts.Events.ReleaseEvents(recovered)
 		}
@@ -392,7 +395,8 @@ func Run(ctx context.Context, cfg Config, opts Options) (err error) {
 		<-runDone
 	}()
 	srv := &http.Server{
-		Handler:           httpapi.New(svc, httpapi.Options{Logger: log, Replica: opts.Replica}),
+		Handler:           httpapi.LimitHeaders(httpapi.New(svc, httpapi.Options{Logger: log, Replica: opts.Replica})),
+		MaxHeaderBytes:    httpapi.HeaderReadLimit,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,  // a whole request, body included: a stalled upload is dropped
 		IdleTimeout:       120 * time.Second, // keep-alive connections waiting for their next request
@@ -427,72 +431,83 @@ func Run(ctx context.Context, cfg Config, opts Options) (err error) {
 }
 
 // Recover seeds svc's partitions from the first peer whose GET <peer>/dump answers 200 with a
-// valid snapshot (selection-service.md §16 step 4): for every key "<model>:<group>" (split at the
-// last ':') the partition index is created with the dump's block_size and the events are applied,
-// up to threads partitions at a time. Failures are logged; it reports whether a snapshot was
-// applied. client nil = a client with DefaultRecoveryTimeout.
-func Recover(ctx context.Context, svc *picker.Service, peers []string, threads int, client *http.Client, log zerolog.Logger) bool {
+// valid snapshot within lim (selection-service.md §16 step 4; RecoverFrom), peers tried in order,
+// up to threads partitions restored at a time. Failures are logged; it reports whether a snapshot
+// was applied. client nil = a client with DefaultRecoveryTimeout.
+func Recover(ctx context.Context, svc *picker.Service, peers []string, threads int, lim picker.DumpLimits, client *http.Client, log zerolog.Logger) bool {
 	if client == nil {
 		client = &http.Client{Timeout: DefaultRecoveryTimeout}
 	}
 	for _, peer := range peers {
-		dump, err := fetchDump(ctx, client, peer)
-		if err != nil {
-			log.Warn().Err(err).Str("peer", peer).Msg("index recovery from peer failed")
+		if err := RecoverFrom(ctx, svc, client, peer, lim, threads, log); err != nil {
+			log.Warn().Err(err).Str("peer", excerpt.Of(peer)).Msg("index recovery from peer failed")
 			continue
 		}
-		restoreAll(svc, dump, max(threads, 1), log)
-		log.Info().Str("peer", peer).Int("partitions", len(dump)).Msg("index recovered from peer")
 		return true
 	}
 	if len(peers) > 0 {
-		log.Warn().Strs("peers", peers).Msg("no indexer peer answered; starting with an empty index")
+		log.Warn().Int("peers", len(peers)).Msg("no indexer peer answered; starting with an empty index")
 	}
 	return false
 }
 
-// fetchDump GETs and decodes one peer's /dump.
-func fetchDump(ctx context.Context, client *http.Client, peer string) (map[string]picker.PartitionDump, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(peer, "/")+"/dump", nil)
+// maxLoggedPartitions bounds the log lines about skipped or incomplete partitions of one dump.
+const maxLoggedPartitions = 10
+
+// RecoverFrom fetches one peer's /dump (FetchDump, within lim) and restores it into svc, threads
+// partitions at a time (picker.Service.RestoreDump). Entries the dump holds that are bad on their
+// own (an invalid key or block_size, an event that does not decode) and partitions whose restore
+// was refused or incomplete are logged, at most maxLoggedPartitions lines of each, with the
+// summary. The error is FetchDump's (nothing is restored then): an unreachable peer, a non-200
+// answer, malformed JSON, or a dump over lim (picker.ErrDumpTooLarge).
+func RecoverFrom(ctx context.Context, svc *picker.Service, client *http.Client, peer string, lim picker.DumpLimits, threads int, log zerolog.Logger) error {
+	d, err := FetchDump(ctx, client, peer, lim)
 	if err != nil {
-		return nil, fmt.Errorf("peer %q: %w", peer, err)
+		return err
+	}
+	peer = excerpt.Of(peer)
+	for i, sk := range d.Skipped {
+		if i == maxLoggedPartitions {
+			log.Warn().Str("peer", peer).Int("more", len(d.Skipped)-i).Msg("index recovery: more dump entries skipped")
+			break
+		}
+		log.Warn().Str("peer", peer).Str("partition", sk.Key).Str("reason", sk.Reason).Msg("index recovery: dump entry skipped")
+	}
+	fails := svc.RestoreDump(d, threads)
+	for i, f := range fails {
+		if i == maxLoggedPartitions {
+			log.Warn().Str("peer", peer).Int("more", len(fails)-i).Msg("index recovery: more partitions incomplete")
+			break
+		}
+		log.Warn().Err(f.Err).Str("peer", peer).Str("partition", excerpt.Of(f.Key.String())).Msg("index recovery: partition restore incomplete")
+	}
+	log.Info().Str("peer", peer).Int("partitions", len(d.Partitions)).Int("events", d.Events).
+		Int("skipped", len(d.Skipped)).Int("incomplete", len(fails)).Msg("index recovered from peer /dump")
+	return nil
+}
+
+// FetchDump GETs <peer>/dump and decodes it as it arrives (picker.DecodeDump: at most
+// lim.MaxBytes bytes and lim.MaxEvents events). Errors name the peer (at most 100 bytes of it):
+// the request failing, a status other than 200 (with at most 200 bytes of the body, control
+// characters dropped), or DecodeDump's error.
+func FetchDump(ctx context.Context, client *http.Client, peer string, lim picker.DumpLimits) (*picker.RecoveredDump, error) {
+	base := strings.TrimRight(peer, "/")
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/dump", nil)
+	if err != nil {
+		return nil, fmt.Errorf("peer %q: %w", excerpt.Of(peer), err)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("GET %s/dump: %w", peer, err)
+		return nil, fmt.Errorf("GET %s/dump: %w", excerpt.Of(base), err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s/dump: status %d", peer, resp.StatusCode)
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return nil, fmt.Errorf("GET %s/dump: status %d: %s", excerpt.Of(base), resp.StatusCode, excerpt.Clean(string(body), 200))
 	}
-	var dump map[string]picker.PartitionDump
-	if err := json.NewDecoder(resp.Body).Decode(&dump); err != nil {
-		return nil, fmt.Errorf("GET %s/dump: decoding: %w", peer, err)
+	d, err := picker.DecodeDump(resp.Body, lim)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s/dump: %w", excerpt.Of(base), err)
 	}
-	return dump, nil
-}
-
-// restoreAll applies every partition of a dump, threads at a time.
-func restoreAll(svc *picker.Service, dump map[string]picker.PartitionDump, threads int, log zerolog.Logger) {
-	sem := make(chan struct{}, threads)
-	var wg sync.WaitGroup
-	for key, pd := range dump {
-		pk, err := picker.ParsePartitionKey(key)
-		if err != nil {
-			log.Warn().Err(err).Msg("recovered dump key skipped")
-			continue
-		}
-		events := pd.Events
-		bs := pd.BlockSize
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := svc.RestorePartition(pk, bs, events); err != nil {
-				log.Warn().Err(err).Str("partition", pk.String()).Msg("partition recovery incomplete")
-			}
-		}()
-	}
-	wg.Wait()
+	return d, nil
 }

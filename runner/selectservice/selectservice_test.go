@@ -337,3 +337,23 @@ func TestRunKeepsTheEnvironmentsQueueAndCacheSettings(t *testing.T) {
 		}
 	})
 }
+
+// TestRunAnswersOversizedHeadersWithJSON: headers over 1 MiB get the API's JSON 431.
+func TestRunAnswersOversizedHeadersWithJSON(t *testing.T) {
+	addr, _, stop := runService(t, selectservice.DefaultConfig(), selectservice.Options{Picker: approxPicker()})
+	defer stop()
+	req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/health", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Big", strings.Repeat("a", 2<<20))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || !strings.HasPrefix(string(b), `{"error":"request headers are `) {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+}

@@ -5,8 +5,10 @@
 //
 // Failures carry the classification extproc.ClassifyTokenizerError reads (epp.md §5.4, §8):
 // timeout → Timeout() (504), connection refused or DNS failure → Unavailable() (503), HTTP 4xx →
-// BadRequest() with the tokenizer's message (400), anything else — 5xx, a body that is not JSON,
-// missing token_ids, a response larger than MaxResponseBytes — is a plain error (502).
+// BadRequest() with the tokenizer's message (400, "render server answered 404: Not Found"),
+// anything else — 5xx, a body that is not JSON, missing token_ids, a response larger than
+// MaxResponseBytes — is a plain error (502). Messages never name the render URL (Error.URL and
+// Error.Detail are for logs) and quote at most MaxMessageBytes of the server's text.
 package vllmrender
 
 import (
@@ -23,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvepp/kvepp/internal/excerpt"
 	"github.com/kvepp/kvepp/kvindex"
 )
 
@@ -100,16 +103,34 @@ type Result struct {
 
 // Error is a classified render failure (see the package doc).
 type Error struct {
-	Msg         string
-	Status      int // HTTP status of the render response, 0 when there was none
+	// Msg is what the client is told (it never names the render URL or addresses): for a 4xx
+	// "render server answered <status>: <its message>", the message at most MaxMessageBytes
+	// bytes with control characters dropped.
+	Msg string
+	// Status is the HTTP status of the render response, 0 when there was none.
+	Status int
+	// URL is the render endpoint called, for logs.
+	URL         string
 	timeout     bool
 	unavailable bool
 	badRequest  bool
 	err         error
 }
 
+// MaxMessageBytes bounds the part of a render server's error message kvepp passes on.
+const MaxMessageBytes = 512
+
 // Error returns the message.
 func (e *Error) Error() string { return e.Msg }
+
+// Detail is the message with the underlying cause, which may name the render URL and
+// addresses: for logs, not for clients.
+func (e *Error) Detail() string {
+	if e.err != nil {
+		return e.Msg + ": " + e.err.Error()
+	}
+	return e.Msg
+}
 
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.err }
@@ -133,9 +154,10 @@ func (c *Client) Render(ctx context.Context, kind Kind, body []byte, requestID s
 	}
 	cctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(cctx, http.MethodPost, c.base+paths[kind], bytes.NewReader(body))
+	url := c.base + paths[kind]
+	req, err := http.NewRequestWithContext(cctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return Result{}, &Error{Msg: "render request: " + err.Error(), err: err}
+		return Result{}, &Error{Msg: "render request could not be built", URL: url, err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if requestID != "" {
@@ -143,48 +165,71 @@ func (c *Client) Render(ctx context.Context, kind Kind, body []byte, requestID s
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return Result{}, c.transportError(ctx, cctx, err)
+		return Result{}, c.transportError(ctx, cctx, url, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, c.max+1))
 	if err != nil {
-		return Result{}, c.transportError(ctx, cctx, err)
+		return Result{}, c.transportError(ctx, cctx, url, err)
 	}
 	if int64(len(data)) > c.max {
-		return Result{}, &Error{Msg: fmt.Sprintf("render response is larger than %d bytes", c.max), Status: resp.StatusCode}
+		return Result{}, &Error{Msg: fmt.Sprintf("render response is larger than %d bytes", c.max), Status: resp.StatusCode, URL: url}
 	}
-	switch {
-	case resp.StatusCode >= 400 && resp.StatusCode < 500:
-		return Result{}, &Error{Msg: errorMessage(data, resp.StatusCode), Status: resp.StatusCode, badRequest: true}
-	case resp.StatusCode != http.StatusOK:
-		return Result{}, &Error{Msg: fmt.Sprintf("render server answered %d: %s", resp.StatusCode, errorMessage(data, resp.StatusCode)), Status: resp.StatusCode}
+	if resp.StatusCode != http.StatusOK {
+		// A 4xx is the request's fault as the render server sees it (400 to the client), but
+		// it may just as well be a wrong render URL (404) or credentials (401): say who answered.
+		return Result{}, &Error{Msg: fmt.Sprintf("render server answered %d: %s", resp.StatusCode, errorMessage(data, resp.StatusCode)),
+			Status: resp.StatusCode, URL: url, badRequest: resp.StatusCode >= 400 && resp.StatusCode < 500}
 	}
 	res, err := parse(kind, data)
 	if err != nil {
-		return Result{}, &Error{Msg: "render response: " + err.Error(), Status: resp.StatusCode, err: err}
+		return Result{}, &Error{Msg: "render response: " + excerpt.Clean(err.Error(), MaxMessageBytes), Status: resp.StatusCode, URL: url, err: err}
 	}
 	return res, nil
 }
 
-// transportError classifies a failed round trip.
-func (c *Client) transportError(parent, call context.Context, err error) error {
+// transportError classifies a failed round trip. The client message names the kind of failure
+// only; the cause (which names the URL and addresses) is kept for Detail.
+func (c *Client) transportError(parent, call context.Context, url string, err error) error {
 	if parent.Err() != nil {
 		return parent.Err() // the stream ended; nobody waits for the answer
 	}
 	if errors.Is(call.Err(), context.DeadlineExceeded) {
-		return &Error{Msg: fmt.Sprintf("render call exceeded %v", c.timeout), timeout: true, err: err}
+		return &Error{Msg: fmt.Sprintf("render call exceeded %v", c.timeout), URL: url, timeout: true, err: err}
 	}
 	var op *net.OpError
 	var dns *net.DNSError
-	if errors.As(err, &dns) || (errors.As(err, &op) && op.Op == "dial") {
-		return &Error{Msg: "render server unreachable: " + err.Error(), unavailable: true, err: err}
+	switch {
+	case errors.As(err, &dns):
+		return &Error{Msg: "render server unreachable: its host name does not resolve", URL: url, unavailable: true, err: err}
+	case errors.As(err, &op) && op.Op == "dial":
+		return &Error{Msg: "render server unreachable: " + causeOf(op), URL: url, unavailable: true, err: err}
+	case errors.As(err, &op):
+		return &Error{Msg: "render call failed: " + causeOf(op), URL: url, err: err}
 	}
-	return &Error{Msg: "render call failed: " + err.Error(), err: err}
+	return &Error{Msg: "render call failed", URL: url, err: err}
+}
+
+// causeOf is a network error's cause without its addresses ("connect: connection refused").
+func causeOf(op *net.OpError) string {
+	if op.Err == nil {
+		return op.Op + " failed"
+	}
+	return excerpt.Clean(op.Err.Error(), MaxMessageBytes)
 }
 
 // errorMessage extracts the message of an error body (vLLM: {"error": {"message": …}}, FastAPI:
-// {"detail": …}, or {"message": …}), else the body's text.
+// {"detail": …}, or {"message": …}), else the body's text, else the status text; at most
+// MaxMessageBytes bytes without control characters (excerpt.Clean).
 func errorMessage(data []byte, status int) string {
+	if msg := excerpt.Clean(rawErrorMessage(data), MaxMessageBytes); msg != "" {
+		return msg
+	}
+	return http.StatusText(status)
+}
+
+// rawErrorMessage is errorMessage before cleaning ("" when the body has none).
+func rawErrorMessage(data []byte) string {
 	var b struct {
 		Error   json.RawMessage `json:"error"`
 		Message string          `json:"message"`
@@ -209,14 +254,7 @@ func errorMessage(data []byte, status int) string {
 			return string(b.Detail)
 		}
 	}
-	text := strings.TrimSpace(string(data))
-	if len(text) > 512 {
-		text = text[:512] + "…"
-	}
-	if text == "" {
-		return http.StatusText(status)
-	}
-	return text
+	return string(data)
 }
 
 // rendered is one render object: token_ids plus optional multimodal features.

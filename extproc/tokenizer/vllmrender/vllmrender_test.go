@@ -2,6 +2,7 @@ package vllmrender_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -139,8 +140,10 @@ func TestRenderErrorsMapToStatuses(t *testing.T) {
 		status int
 		msg    string
 	}{
-		{"a 4xx is a 400 carrying the tokenizer's message", reply(400, `{"error":{"message":"messages: field required","type":"BadRequestError","code":400}}`), 400, "messages: field required"},
-		{"a 422 with a FastAPI detail is a 400", reply(422, `{"detail":"bad body"}`), 400, "bad body"},
+		{"a 4xx is a 400 carrying the tokenizer's message", reply(400, `{"error":{"message":"messages: field required","type":"BadRequestError","code":400}}`), 400, "render server answered 400: messages: field required"},
+		{"a 422 with a FastAPI detail is a 400", reply(422, `{"detail":"bad body"}`), 400, "render server answered 422: bad body"},
+		{"a 404 (a wrong render URL) is a 400 that says it came from the render server", reply(404, `{"detail":"Not Found"}`), 400, "render server answered 404: Not Found"},
+		{"a 401 without a body names its status", reply(401, ``), 400, "render server answered 401: Unauthorized"},
 		{"a 5xx is a 502", reply(500, `{"error":{"message":"engine died"}}`), 502, "engine died"},
 		{"a body that is not JSON is a 502", reply(200, `<html>`), 502, "render response"},
 		{"missing token_ids is a 502", reply(200, `{"tokens":[1]}`), 502, "missing token_ids"},
@@ -160,6 +163,28 @@ func TestRenderErrorsMapToStatuses(t *testing.T) {
 			}
 		})
 	}
+	t.Run("an upstream message is bounded and stripped of control characters", func(t *testing.T) {
+		for _, status := range []int{400, 500} {
+			msg := strings.Repeat("x\u0000y\u001b[2Jz", 2000) // 24,000 bytes with NUL and ESC
+			rs.set(reply(status, `{"error":{"message":"`+msg+`"}}`))
+			big, err := vllmrender.New(vllmrender.Config{BaseURL: rs.URL, Timeout: 5 * time.Second, MaxResponseBytes: 1 << 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = big.Render(context.Background(), vllmrender.Chat, []byte(`{}`), "")
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			if len(err.Error()) > 600 || strings.ContainsAny(err.Error(), "\x00\x1b") || !strings.Contains(err.Error(), "xy[2Jz") {
+				t.Fatalf("status %d: error of %d bytes: %q", status, len(err.Error()), err)
+			}
+		}
+		rs.set(reply(400, "plain \xff\x00text"))
+		_, err := c.Render(context.Background(), vllmrender.Chat, []byte(`{}`), "")
+		if err == nil || err.Error() != "render server answered 400: plain text" {
+			t.Fatalf("error %q", err)
+		}
+	})
 	t.Run("a render call past the timeout is a 504", func(t *testing.T) {
 		release := make(chan struct{})
 		defer close(release)
@@ -185,6 +210,12 @@ func TestRenderErrorsMapToStatuses(t *testing.T) {
 		_, err = newClient(t, "http://"+addr, 5*time.Second).Render(context.Background(), vllmrender.Chat, []byte(`{}`), "")
 		if err == nil || statusOf(err) != 503 {
 			t.Fatalf("err %v → status %d, want 503", err, statusOf(err))
+		}
+		// The client sees the kind of failure, the log (Detail) where it happened.
+		var re *vllmrender.Error
+		if !errors.As(err, &re) || strings.Contains(err.Error(), addr) || !strings.Contains(re.Detail(), addr) ||
+			re.URL != "http://"+addr+"/v1/chat/completions/render" {
+			t.Fatalf("message %q must not name the render URL; Detail %q and URL %q must", err, re.Detail(), re.URL)
 		}
 	})
 	t.Run("a stream that ends first returns its context error, not a tokenizer status", func(t *testing.T) {
