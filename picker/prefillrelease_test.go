@@ -46,13 +46,36 @@ func TestPrefillOfUnobservedResponsesIsReleasedOnTheEstimate(t *testing.T) {
 	mustUpsert(t, s, worker(1))
 	unobserved := func(r *picker.SelectRequest) { r.PrefillUnobserved = true }
 
-	t.Run("without a measured rate the prefill is held until the response ends", func(t *testing.T) {
+	t.Run("without a measured rate the prefill is released at the assumed rate", func(t *testing.T) {
+		// No response streamed yet: 2,000 tokens at the assumed 10,000 tokens/s finish 200 ms
+		// after admission, 250 ms with the 1.25 margin.
+		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(2000), unobserved))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := s.PendingPrefillReleases(); n != 1 {
+			t.Fatalf("%d releases queued without a measured rate, want 1 at the assumed rate", n)
+		}
+		clk.Advance(249 * time.Millisecond)
+		if n := s.ReleaseDuePrefills(clk.Now()); n != 0 {
+			t.Fatalf("released %d after 249 ms, before the estimate", n)
+		}
+		clk.Advance(time.Millisecond)
+		if n := s.ReleaseDuePrefills(clk.Now()); n != 1 || loadOf(t, s, "model", "default", 1, 0).PotentialPrefillTokens != 0 {
+			t.Fatalf("released %d at the estimate, load %+v", n, loadOf(t, s, "model", "default", 1, 0))
+		}
+		_ = s.Free(ctxb(), sel.SelectionID)
+	})
+	t.Run("with no assumed rate and none measured the prefill is held until the response ends", func(t *testing.T) {
+		clk := pickertest.NewClock(time0)
+		s := newService(t, func(c *picker.Config) { c.Now = clk.Now; c.AssumedPrefillTokensPerSecond = 0 })
+		mustUpsert(t, s, worker(1))
 		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(2000), unobserved))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n := s.PendingPrefillReleases(); n != 0 {
-			t.Fatalf("%d releases queued without any measured rate", n)
+			t.Fatalf("%d releases queued without any rate", n)
 		}
 		clk.Advance(time.Hour)
 		if n := s.ReleaseDuePrefills(clk.Now()); n != 0 || loadOf(t, s, "model", "default", 1, 0).PotentialPrefillTokens != 2000 {

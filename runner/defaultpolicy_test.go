@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/internal/sharedtest"
+	"github.com/kvepp/kvepp/picker"
 )
 
 // TestTheEPPRunsPredictedTTFTAndSelectServiceTheBuiltInCost checks what each mode runs when
@@ -79,5 +80,33 @@ func TestPrefillCompletionEstimateSetting(t *testing.T) {
 	_, err := LoadConfig([]string{tok, "DYN_EPP_ESTIMATE_PREFILL_COMPLETION=sometimes"}, nil, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "DYN_EPP_ESTIMATE_PREFILL_COMPLETION") {
 		t.Fatalf("a bad value: %v, want an error naming the setting", err)
+	}
+}
+
+func TestAssumedPrefillRateSetting(t *testing.T) {
+	tok := "DYN_EPP_TOKENIZER_DIR=" + sharedtest.Qwen3TokenizerDir(t)
+	for _, tc := range []struct {
+		env  []string
+		want float64
+	}{
+		{[]string{tok}, picker.DefaultAssumedPrefillTokensPerSecond},
+		{[]string{tok, "DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=0"}, 0},
+		{[]string{tok, "DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=25000"}, 25000},
+	} {
+		cfg, err := LoadConfig(tc.env, nil, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pc, err := pickerConfig(cfg, catalog.Builtins(), zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pc.AssumedPrefillTokensPerSecond != tc.want {
+			t.Errorf("%v: AssumedPrefillTokensPerSecond %v, want %v", tc.env[1:], pc.AssumedPrefillTokensPerSecond, tc.want)
+		}
+	}
+	_, err := LoadConfig([]string{tok, "DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=-1"}, nil, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND") {
+		t.Fatalf("a negative rate: %v, want an error naming the setting", err)
 	}
 }

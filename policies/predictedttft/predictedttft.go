@@ -18,12 +18,23 @@
 // exceed its total_kv_blocks, the overflow at the same rate.
 //
 // DelayAwarePicker then adds what the choice costs the requests that come next. The request's
-// own prefill (uncached_w / rate_w seconds of the worker's time) delays every request that
-// arrives at the worker before its queue drains, about arrivals_per_worker × ttft_w of them,
-// where arrivals_per_worker is the pool's measured booking rate over its candidates:
+// own prefill (uncached_w / rate_w seconds of the worker's time) delays the requests that arrive
+// before that work is absorbed, about arrivals_per_worker × horizon_w of them, where
+// arrivals_per_worker is the pool's measured booking rate over its candidates:
 //
-//	cost_w = ttft_w + delay_weight · (uncached_w / rate_w) · arrivals_per_worker · ttft_w
-//	              + recompute_weight · (uncached_w − min_v uncached_v) / rate_w
+//	cost_w    = ttft_w + delay_weight · (uncached_w / rate_w) · arrivals_per_worker · horizon_w
+//	                   + recompute_weight · (uncached_w − min_v uncached_v) / rate_w
+//	horizon_w = max(ttft_w, median_v ttft_v)
+//
+// The horizon is at least the pool's typical backlog, not only the chosen worker's own: a
+// balancing router sends the next arrivals to whichever worker is lightest, so work added to an
+// idle worker is not absorbed by that worker's idleness but pushes the pool's backlog back for
+// as long as the typical worker needs to drain it. Charging it only at the idle worker's own TTFT
+// made recomputing a conversation's history on an idle worker look almost free, and the policy
+// left the worker that cached it whenever that worker was slightly busier. The median (the lower
+// one for an even count), not the mean, keeps one overloaded worker from raising everyone's
+// horizon: a mean would make recompute look dearer the hotter the hot worker got, and keep
+// routing to it.
 //
 // On a quiet pool the charge is small and the policy picks the fastest first token; as traffic
 // grows, work placed on a worker that caches less of the request costs more, so conversations stay
@@ -38,6 +49,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/kvepp/kvepp/policies"
 	"github.com/kvepp/kvepp/policies/defaultcost"
@@ -202,7 +214,8 @@ func (s *TTFTScorer) Score(ctx *policies.WorkerSelectionContext, c *policies.Wor
 }
 
 // DelayAwarePicker picks the row with the lowest cost (package documentation): the scorers' cost
-// (the predicted TTFT) plus the delay the request's prefill imposes on later arrivals and, with
+// (the predicted TTFT) plus the delay the request's prefill imposes on later arrivals (over a
+// horizon of at least the candidates' median predicted TTFT) and, with
 // RecomputeWeight, the prefill the pool redoes; near ties go to the lightest decode load, exact
 // ties uniformly at random. It declares CACHE | LOAD and reuses its buffers, so it allocates only
 // when the candidate count grows.
@@ -212,6 +225,7 @@ type DelayAwarePicker struct {
 	uncached []float64
 	total    []float64
 	rates    []float64
+	ttfts    []float64 // sorted, for the median
 }
 
 var _ policies.WorkerPicker = (*DelayAwarePicker)(nil)
@@ -229,7 +243,7 @@ func (p *DelayAwarePicker) Pick(ctx *policies.WorkerSelectionContext, view *poli
 	if n == 0 {
 		return 0, policies.Failed(TypeName + ": no eligible worker")
 	}
-	p.uncached, p.total, p.rates = p.uncached[:0], p.total[:0], p.rates[:0]
+	p.uncached, p.total, p.rates, p.ttfts = p.uncached[:0], p.total[:0], p.rates[:0], p.ttfts[:0]
 	least := math.Inf(1)
 	for row := 0; row < n; row++ {
 		cache, load := view.Cache(row), view.Load(row)
@@ -239,8 +253,12 @@ func (p *DelayAwarePicker) Pick(ctx *policies.WorkerSelectionContext, view *poli
 		u := p.Params.uncached(ctx, cache, load)
 		p.uncached = append(p.uncached, u)
 		p.rates = append(p.rates, p.Params.rate(load))
+		p.ttfts = append(p.ttfts, rows[row].Cost())
 		least = min(least, u)
 	}
+	// The pool's typical predicted TTFT: the (lower) median over the candidates.
+	slices.Sort(p.ttfts)
+	typical := p.ttfts[(n-1)/2]
 	best, bestRow := math.Inf(1), 0
 	for row := 0; row < n; row++ {
 		load := view.Load(row)
@@ -252,7 +270,8 @@ func (p *DelayAwarePicker) Pick(ctx *policies.WorkerSelectionContext, view *poli
 		}
 		ttft := rows[row].Cost()
 		own := p.uncached[row] / r
-		c := ttft + p.Params.DelayWeight*own*perWorker*ttft + p.Params.RecomputeWeight*(p.uncached[row]-least)/r
+		horizon := max(ttft, typical)
+		c := ttft + p.Params.DelayWeight*own*perWorker*horizon + p.Params.RecomputeWeight*(p.uncached[row]-least)/r
 		p.total = append(p.total, c)
 		if c < best {
 			best, bestRow = c, row
