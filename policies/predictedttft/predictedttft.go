@@ -49,7 +49,6 @@ import (
 	"cmp"
 	"fmt"
 	"math"
-	"slices"
 
 	"github.com/kvepp/kvepp/policies"
 	"github.com/kvepp/kvepp/policies/defaultcost"
@@ -225,7 +224,51 @@ type DelayAwarePicker struct {
 	uncached []float64
 	total    []float64
 	rates    []float64
-	ttfts    []float64 // sorted, for the median
+	ttfts    []float64 // the candidates' predicted TTFT, reordered to find the median
+}
+
+// nthSmallest returns the k-th smallest value of a (0-based, 0 ≤ k < len(a)), reordering a in
+// place: a quickselect (Hoare partition around the median of three) that takes O(len(a)) time on
+// average, where sorting for the median doubled the policy's time at 10,000 candidates.
+func nthSmallest(a []float64, k int) float64 {
+	lo, hi := 0, len(a)-1
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		// Median of three as the pivot: sorted or constant inputs stay linear.
+		if a[mid] < a[lo] {
+			a[mid], a[lo] = a[lo], a[mid]
+		}
+		if a[hi] < a[lo] {
+			a[hi], a[lo] = a[lo], a[hi]
+		}
+		if a[hi] < a[mid] {
+			a[hi], a[mid] = a[mid], a[hi]
+		}
+		pivot := a[mid]
+		i, j := lo, hi
+		for i <= j {
+			for a[i] < pivot {
+				i++
+			}
+			for a[j] > pivot {
+				j--
+			}
+			if i <= j {
+				a[i], a[j] = a[j], a[i]
+				i++
+				j--
+			}
+		}
+		switch {
+		case k <= j:
+			hi = j
+		case k >= i:
+			lo = i
+		default:
+			return a[k]
+		}
+	}
+	return a[k]
 }
 
 var _ policies.WorkerPicker = (*DelayAwarePicker)(nil)
@@ -257,8 +300,7 @@ func (p *DelayAwarePicker) Pick(ctx *policies.WorkerSelectionContext, view *poli
 		least = min(least, u)
 	}
 	// The pool's typical predicted TTFT: the (lower) median over the candidates.
-	slices.Sort(p.ttfts)
-	typical := p.ttfts[(n-1)/2]
+	typical := nthSmallest(p.ttfts, (n-1)/2)
 	best, bestRow := math.Inf(1), 0
 	for row := 0; row < n; row++ {
 		load := view.Load(row)
