@@ -73,11 +73,7 @@ func TestAcceptanceConversationTrace(t *testing.T) {
 	kv, rr := res.Baselines[0], res.Baselines[1]
 	ideal := res.Workload.IdealHitRate
 	t.Logf("ideal %.1f%%; %s; %s", 100*ideal, describe(kv), describe(rr))
-	for _, b := range res.Baselines {
-		if b.Errors != 0 || b.Completed != o.Limit {
-			t.Fatalf("%s: %d of %d completed, %d errors: %v", b.Name, b.Completed, o.Limit, b.Errors, b.FirstErrors)
-		}
-	}
+	allCompleted(t, res, o.Limit)
 	t.Run("kvepp's KV events arrive over ZeroMQ and are all applied", func(t *testing.T) {
 		applied := kv.KveppMetrics[`kvepp_kv_events_total{result="applied"}`]
 		dropped := kv.KveppMetrics[`kvepp_kv_events_total{result="dropped"}`]
@@ -125,16 +121,22 @@ func TestAcceptanceConversationTraceVirtual(t *testing.T) {
 	kv, rr := res.Baselines[0], res.Baselines[1]
 	ideal := res.Workload.IdealHitRate
 	t.Logf("ideal %.1f%%; %s; %s", 100*ideal, describe(kv), describe(rr))
-	for _, b := range res.Baselines {
-		if b.Errors != 0 || b.Completed != o.Limit {
-			t.Fatalf("%s: %d of %d completed, %d errors: %v", b.Name, b.Completed, o.Limit, b.Errors, b.FirstErrors)
-		}
-	}
+	allCompleted(t, res, o.Limit)
 	if kv.HitRate < 0.8*ideal {
 		t.Errorf("kvepp %.2f%% < 80%% of ideal %.2f%%", 100*kv.HitRate, 100*ideal)
 	}
 	if kv.HitRate < 2*rr.HitRate {
 		t.Errorf("kvepp %.2f%% < 2 × round-robin %.2f%%", 100*kv.HitRate, 100*rr.HitRate)
+	}
+}
+
+// allCompleted fails t unless every router of res completed all n requests without errors.
+func allCompleted(t *testing.T, res *Result, n int) {
+	t.Helper()
+	for _, b := range res.Baselines {
+		if b.Errors != 0 || b.Completed != n {
+			t.Fatalf("%s: %d of %d completed, %d errors: %v", b.Name, b.Completed, n, b.Errors, b.FirstErrors)
+		}
 	}
 }
 
