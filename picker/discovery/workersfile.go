@@ -348,10 +348,11 @@ func (s *FileSource) loop(ctx context.Context) {
 			if err != nil {
 				if sig := invalidSignature(data, err); sig != lastInvalid {
 					lastInvalid = sig
+					// Logged before it is counted, so whoever sees the count also finds the log line.
+					s.log.Error().Err(err).Msg("workers file ignored; keeping the current catalog")
 					s.mu.Lock()
 					s.stats.InvalidFiles++
 					s.mu.Unlock()
-					s.log.Error().Err(err).Msg("workers file ignored; keeping the current catalog")
 				}
 				continue
 			}
