@@ -775,7 +775,7 @@ func (c *Config) Validate() error {
 		{"DYN_EPP_TOTAL_KV_BLOCKS", c.TotalKVBlocks},
 	} {
 		if o.v.Set && (o.v.Value < 1 || o.v.Value != math.Trunc(o.v.Value) || o.v.Value > 1<<53) {
-			return c.invalid(o.key, o.v.Value, "must be a whole number > 0")
+			return c.invalid(o.key, o.v.Value, "must be a whole number in 1..9007199254740992 (2^53)")
 		}
 	}
 	if err := c.validateReplicaSync(); err != nil {
