@@ -268,6 +268,9 @@ func (a replicaApplier) ApplySlot(p replica.Partition, bs uint32, ev ledger.Slot
 	return false, replica.DropInvalid
 }
 
+// ForgetReplica implements replica.Applier.
+func (a replicaApplier) ForgetReplica(origin uint64) int { return a.svc.ForgetReplica(origin) }
+
 // ApplyAffinity implements replica.Applier.
 func (a replicaApplier) ApplyAffinity(p replica.Partition, u ledger.AffinityUpdate) bool {
 	return a.svc.ApplyRemoteAffinity(picker.PartitionKey(p), u)

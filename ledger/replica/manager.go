@@ -68,6 +68,10 @@ type Applier interface {
 	// ApplyAffinity applies one peer's session binding (§12.1 apply rules) and reports whether
 	// the local table changed.
 	ApplyAffinity(p Partition, u ledger.AffinityUpdate) bool
+	// ForgetReplica releases every booking mirrored from the replica with router_id origin and
+	// returns how many; the manager calls it when the peer that replica published on is
+	// deregistered (it left: drained, scaled down or died).
+	ForgetReplica(origin uint64) int
 }
 
 // Config configures a Manager.
@@ -162,6 +166,9 @@ type Manager struct {
 
 	inMu    sync.Mutex
 	inboxes map[Partition]*inbox
+
+	departMu sync.Mutex
+	departed map[uint64]time.Time // router_id → when its peer was deregistered
 
 	c         counters
 	connected atomic.Int64
@@ -386,7 +393,62 @@ func (m *Manager) DeregisterPeer(endpoint string) error {
 	m.mu.Unlock()
 	p.stop()
 	m.log.Info().Str("peer", endpoint).Msg("replica peer deregistered")
+	m.forgetOriginsOf(p)
 	return nil
+}
+
+// departedKeep is how long a departed replica's router_id stays remembered: longer than any
+// event waits in an inbox.
+const departedKeep = time.Minute
+
+// forgetOriginsOf releases the mirrors of every replica that published through the deregistered
+// peer p and that no other registered peer carries: that replica left (drained, scaled down or
+// died), and its Free events may never arrive. Admissions from it received before now are
+// dropped when they come up in an inbox (DropDepartedReplica).
+func (m *Manager) forgetOriginsOf(p *peer) {
+	origins := p.seenOrigins()
+	if len(origins) == 0 {
+		return
+	}
+	m.mu.Lock()
+	a := m.applier
+	for _, other := range m.peers {
+		for _, o := range other.seenOrigins() {
+			origins = slices.DeleteFunc(origins, func(x uint64) bool { return x == o })
+		}
+	}
+	m.mu.Unlock()
+	now := m.cfg.Now()
+	m.departMu.Lock()
+	if m.departed == nil {
+		m.departed = map[uint64]time.Time{}
+	}
+	for o, at := range m.departed {
+		if now.Sub(at) > departedKeep {
+			delete(m.departed, o)
+		}
+	}
+	for _, o := range origins {
+		m.departed[o] = now
+	}
+	m.departMu.Unlock()
+	if a == nil {
+		return
+	}
+	for _, o := range origins {
+		if n := a.ForgetReplica(o); n > 0 {
+			m.log.Info().Str("peer", p.endpoint).Uint64("router_id", o).Int("bookings", n).
+				Msg("released the bookings mirrored from a departed replica")
+		}
+	}
+}
+
+// departedBefore reports whether origin's peer was deregistered at or after at.
+func (m *Manager) departedBefore(origin uint64, at time.Time) bool {
+	m.departMu.Lock()
+	defer m.departMu.Unlock()
+	t, ok := m.departed[origin]
+	return ok && !at.After(t)
 }
 
 // Peers returns the registered peer endpoints, sorted (never nil).
