@@ -106,6 +106,12 @@ func (s *Service) ApplyRemoteSlot(key PartitionKey, blockSize uint32, ev ledger.
 	if ev.ID == "" || ev.Origin == 0 {
 		return RemoteInvalid
 	}
+	// A peer's booking is bounded like a local one (MaxISLTokens): a prefill hint or a prompt
+	// beyond it would pin the worker's load at an impossible value until expiry.
+	if (ev.PrefillTokens != nil && *ev.PrefillTokens > MaxISLTokens) ||
+		uint64(len(ev.SequenceHashes))*uint64(blockSize) > MaxISLTokens+uint64(blockSize) {
+		return RemoteInvalid
+	}
 	name := key.String()
 	switch ev.Kind {
 	case ledger.SlotAdmission:

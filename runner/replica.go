@@ -294,6 +294,8 @@ func peerError(err error) error {
 		return picker.Errorf(picker.KindNotFound, "peer not found")
 	case errors.Is(err, replica.ErrClosed):
 		return picker.Errorf(picker.KindNotReady, "replica peer manager is unavailable")
+	case errors.Is(err, replica.ErrTooManyPeers):
+		return picker.Errorf(picker.KindBadRequest, "%v", err)
 	}
 	return picker.Errorf(picker.KindInternal, "%v", err)
 }

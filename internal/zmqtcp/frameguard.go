@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 )
 
-// MaxFrameBytes bounds one ZMTP frame a peer may send (16 MiB), the equivalent of libzmq's
+// MaxFrameBytes bounds one ZMTP frame, and one message, a peer may send (16 MiB), the equivalent of libzmq's
 // ZMQ_MAXMSGSIZE. zmq4 allocates a frame's whole declared size before it reads the body, so
 // without a bound a single 9-byte frame header from any peer (a hostile subscriber on the
 // replica-sync port, a hostile KV-event publisher or replica-sync peer) makes the process allocate
@@ -25,14 +25,25 @@ var maxFrameBytes uint64 = MaxFrameBytes
 var oversizedFrames atomic.Uint64
 
 // OversizedFrames returns how many connections this process closed because their peer declared
-// a frame larger than MaxFrameBytes (the metric kvepp_zmq_oversized_frames_total).
+// a frame or a message larger than MaxFrameBytes, or a message of more than MaxMessageFrames
+// parts (the metric kvepp_zmq_oversized_frames_total).
 func OversizedFrames() uint64 { return oversizedFrames.Load() }
 
 // greetingBytes is the length of the ZMTP 3.x greeting that precedes the first frame.
 const greetingBytes = 64
 
-// Frame flags (ZMTP 3.x, 23/ZMTP §"Framing"): bit 1 marks an 8-byte size.
-const flagLong = 0x02
+// Frame flags (ZMTP 3.x, 23/ZMTP §"Framing"): bit 0 marks a message part with more to follow,
+// bit 1 an 8-byte size, bit 2 a command.
+const (
+	flagMore    = 0x01
+	flagLong    = 0x02
+	flagCommand = 0x04
+)
+
+// MaxMessageFrames bounds the frames of one message (KV events have 3, replica-sync messages 2):
+// zmq4 keeps every part of a message until its last, so a stream of empty parts that never ends
+// would grow memory without bound.
+const MaxMessageFrames = 64
 
 // LimitFrames wraps an accepted or dialled connection so that reading a ZMTP frame header that
 // declares more than MaxFrameBytes closes the connection and reports an error wrapping io.EOF
@@ -55,6 +66,10 @@ type guardedConn struct {
 	sizeGot  int     // size bytes read so far
 	size     [8]byte // the size being read, big-endian
 	body     uint64  // body bytes of the current frame still to pass
+	command  bool    // the frame being read is a command
+	more     bool    // the frame being read is a message part with more to follow
+	frames   int     // parts of the current message seen so far
+	msgBytes uint64  // body bytes of the current message so far
 	failed   error   // set once an oversized frame was seen; every later Read returns it
 }
 
@@ -91,6 +106,7 @@ func (c *guardedConn) scan(p []byte) error {
 			if p[0]&flagLong != 0 {
 				c.sizeLen = 8
 			}
+			c.command, c.more = p[0]&flagCommand != 0, p[0]&flagMore != 0
 			p = p[1:]
 		default: // the frame's size bytes
 			k := copy(c.size[8-c.sizeLen+c.sizeGot:], p[:min(c.sizeLen-c.sizeGot, len(p))])
@@ -108,6 +124,18 @@ func (c *guardedConn) scan(p []byte) error {
 			if c.body > maxFrameBytes {
 				return fmt.Errorf("zmqtcp: %s declared a %d-byte frame, more than the %d-byte limit; connection closed: %w",
 					c.RemoteAddr(), c.body, maxFrameBytes, io.EOF)
+			}
+			if c.command {
+				continue
+			}
+			c.frames++
+			c.msgBytes += c.body
+			if c.frames > MaxMessageFrames || c.msgBytes > maxFrameBytes {
+				return fmt.Errorf("zmqtcp: %s sent a message of more than %d parts or %d bytes; connection closed: %w",
+					c.RemoteAddr(), MaxMessageFrames, maxFrameBytes, io.EOF)
+			}
+			if !c.more {
+				c.frames, c.msgBytes = 0, 0
 			}
 		}
 	}

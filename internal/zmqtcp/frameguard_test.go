@@ -118,3 +118,22 @@ func TestADialToAHostilePublisherFails(t *testing.T) {
 		t.Fatal("the oversized frame was not counted")
 	}
 }
+
+func TestAMessageOfEndlessPartsClosesTheConnection(t *testing.T) {
+	stream := zmtpStream()
+	for i := 0; i <= MaxMessageFrames; i++ {
+		stream = append(stream, flagMore, 0) // an empty part with more to follow
+	}
+	got, err := readThrough(t, stream, 1)
+	if err == nil || !errors.Is(err, io.EOF) || !strings.Contains(err.Error(), "parts") {
+		t.Fatalf("error %v after %d bytes, want the endless message refused", err, len(got))
+	}
+	// The same number of parts spread over messages passes, and so do commands.
+	stream = zmtpStream()
+	for i := 0; i < 3*MaxMessageFrames; i++ {
+		stream = append(stream, flagMore, 0, 0, 0, flagCommand, 0)
+	}
+	if got, err := readThrough(t, stream, 2); err != nil || !bytes.Equal(got, stream) {
+		t.Fatalf("short messages and commands: %v", err)
+	}
+}

@@ -53,7 +53,13 @@ var (
 	ErrPeerNotFound = errors.New("peer not found")
 	// ErrClosed: the manager was closed.
 	ErrClosed = errors.New("replica peer manager is unavailable")
+	// ErrTooManyPeers: RegisterPeer when MaxPeers peers are registered.
+	ErrTooManyPeers = fmt.Errorf("too many replica peers (the limit is %d)", MaxPeers)
 )
+
+// MaxPeers bounds the registered peers (each is a SUB socket and a goroutine that keeps
+// re-dialling): far more EPP replicas than any pool runs.
+const MaxPeers = 256
 
 // Applier is the local core received events are applied to (the picker's selection service,
 // adapted by the composition root). Its methods are called from one goroutine per partition.
@@ -367,6 +373,9 @@ func (m *Manager) RegisterPeer(endpoint string) (added bool, err error) {
 	}
 	if _, ok := m.peers[endpoint]; ok {
 		return false, nil
+	}
+	if len(m.peers) >= MaxPeers {
+		return false, ErrTooManyPeers
 	}
 	p := &peer{endpoint: endpoint}
 	m.peers[endpoint] = p

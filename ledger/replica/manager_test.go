@@ -532,3 +532,18 @@ func TestADeregisteredPeersMirrorsAreReleased(t *testing.T) {
 		t.Fatal("an admission received from a before it left would still be applied, or c's would be dropped")
 	}
 }
+
+func TestRegisteredPeersAreBounded(t *testing.T) {
+	m := newManager(t, 1)
+	for i := range MaxPeers {
+		if _, err := m.RegisterPeer(fmt.Sprintf("tcp://10.0.%d.%d:9092", i/250, i%250)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := m.RegisterPeer("tcp://10.9.9.9:9092"); !errors.Is(err, ErrTooManyPeers) {
+		t.Fatalf("peer %d: %v, want ErrTooManyPeers", MaxPeers+1, err)
+	}
+	if added, err := m.RegisterPeer("tcp://10.0.0.0:9092"); added || err != nil {
+		t.Fatalf("re-registering a known peer at the limit: %v, %v", added, err)
+	}
+}
