@@ -187,7 +187,7 @@ func (r *replicaSync) discoverPeers(ctx, runCtx context.Context, cfg Config, kub
 	defer cancel()
 	peers, err := w.WaitSynced(sctx)
 	if err != nil {
-		log.Warn().Str("service", cfg.PeerService).Str("reason", w.Problem()).
+		log.Warn().Str("peer_service", cfg.PeerService).Str("reason", w.Problem()).
 			Msg("peer EndpointSlices not listed in time; starting without recovery peers (the watch goes on)")
 		return nil, nil
 	}
