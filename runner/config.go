@@ -960,6 +960,11 @@ func (c *Config) validateTokenizer() error {
 			}
 		}
 	case TokenizerProtocolNone:
+		if c.UseKVEvents && c.TokenizerProtocol == "" {
+			return fmt.Errorf("no tokenizer is configured: set %s (a directory with tokenizer.json, or a Hugging Face cache), %s or %s; "+
+				"only with DYN_ROUTER_USE_KV_EVENTS=false can kvepp route without one", c.name("DYN_EPP_TOKENIZER_DIR"),
+				c.name("DYN_EPP_TOKENIZERS"), c.name("DYN_EPP_TOKENIZER_SERVICE_URL"))
+		}
 		if c.UseKVEvents {
 			return fmt.Errorf("invalid %s %q: none is only allowed with DYN_ROUTER_USE_KV_EVENTS=false (set DYN_EPP_TOKENIZER_DIR for local tokenization)", c.name("DYN_EPP_TOKENIZER_PROTOCOL"), TokenizerProtocolNone)
 		}

@@ -356,8 +356,12 @@ func (s *FileSource) loop(ctx context.Context) {
 				}
 				continue
 			}
+			wasInvalid := lastInvalid != 0
 			lastInvalid = 0
 			if !retry.isPending() && bytes.Equal(data, s.lastContent) {
+				if wasInvalid {
+					s.log.Info().Int("workers", len(recs)).Msg("workers file valid again; it matches the current catalog")
+				}
 				continue
 			}
 			// A newer snapshot supersedes a pending retry.
