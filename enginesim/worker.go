@@ -551,11 +551,10 @@ func (w *Worker) execute(ctx context.Context, req *genRequest, onTokens func(fro
 	uncached := len(req.tokens) - rec.CachedTokens
 	rec.Queue = w.sim(time.Since(req.arrival))
 	prefill := w.cfg.PrefillOverhead + time.Duration(uncached)*w.cfg.PrefillPerToken
-	err = sleepFor(ctx, w.wall(prefill))
-	if w.prefill != nil {
-		w.prefill.release()
-	}
-	if err != nil {
+	if err = sleepFor(ctx, w.wall(prefill)); err != nil {
+		if w.prefill != nil {
+			w.prefill.release()
+		}
 		return rec, err
 	}
 	rec.TTFT = rec.Queue + prefill
@@ -585,6 +584,11 @@ func (w *Worker) execute(ctx context.Context, req *genRequest, onTokens func(fro
 		_, _ = w.pub.publish(nowSeconds(), events)
 	}
 	w.mu.Unlock()
+	// The prefill lane is handed on only now that its blocks are in the cache: a request waiting
+	// for the lane with the same prefix must find them when it is scheduled.
+	if w.prefill != nil {
+		w.prefill.release()
+	}
 
 	first := time.Now()
 	step := w.wall(w.cfg.DecodePerToken)

@@ -3,6 +3,7 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 )
@@ -446,7 +447,9 @@ func (t *AffinityTable) bindLocked(e *affinityEntry, target AffinityTarget, rese
 	t.addHolder(e, reservationID)
 	seq := uint64(max(now.UnixNano(), 0))
 	if seq <= t.lastSeq {
-		seq = t.lastSeq + 1
+		// Saturates: a peer's sequence of 2^64-1 must not make ours wrap to 0, a version older
+		// than every other replica's.
+		seq = t.lastSeq + min(1, math.MaxUint64-t.lastSeq)
 	}
 	t.lastSeq = seq
 	e.version = AffinityVersion{Sequence: seq, WriterID: t.cfg.WriterID}

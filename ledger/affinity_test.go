@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -310,6 +311,18 @@ func TestAffinityApplyRemote(t *testing.T) {
 		wantBinding(t, tab, "s", t0, ranked(1, 0), 0)
 		if _, _, ok := tab.Binding("s", t0.Add(ttl+time.Second)); ok {
 			t.Fatal("remote binding without leases did not expire after the TTL")
+		}
+	})
+	t.Run("a peer's sequence of 2^64-1 does not make the next local version wrap to 0", func(t *testing.T) {
+		tab := newTable(ttl)
+		tab.ApplyRemote(AffinityUpdate{SessionID: "other", Target: ranked(1, 0), Version: v(math.MaxUint64, 9)}, t0)
+		h, err := tab.Acquire("s", t0, allValid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, _, err := tab.Commit(h, "r1", ranked(1, 0), false, t0, allValid)
+		if err != nil || u.Version.Sequence != math.MaxUint64 {
+			t.Fatalf("local version %+v, %v; want the saturated sequence 2^64-1", u.Version, err)
 		}
 	})
 	t.Run("own writer id is dropped", func(t *testing.T) {

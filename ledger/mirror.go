@@ -87,3 +87,22 @@ type SlotEvent struct {
 	// ExpectedOutputTokens is optional booking metadata (tokens); admission only.
 	ExpectedOutputTokens *uint32
 }
+
+// ReleaseMirrorsOf releases every live booking mirrored from the replica whose router_id is
+// origin (a replica that left: its requests ended with it or were drained, and the Free events it
+// published while leaving may never arrive) and returns them. Local bookings (Origin 0) and
+// claims are untouched; origin 0 releases nothing. O(live bookings).
+func (l *Ledger) ReleaseMirrorsOf(origin uint64) []Booking {
+	if origin == 0 {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Booking
+	for i, s := range l.slots {
+		if s.live && s.b.Origin == origin {
+			out = append(out, l.release(int32(i)))
+		}
+	}
+	return out
+}

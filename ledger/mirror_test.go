@@ -112,3 +112,29 @@ func TestPrefillCompleteAttempt(t *testing.T) {
 	}
 	checkInvariants(t, l)
 }
+
+func TestReleaseMirrorsOf(t *testing.T) {
+	l := newTracking()
+	for _, m := range []Booking{
+		{ID: "a", Candidate: w1r0, SequenceHashes: []uint64{1}, Admitted: t0, Partition: "m:default", Origin: 7},
+		{ID: "b", Candidate: w2r0, SequenceHashes: []uint64{2}, Admitted: t0, Partition: "m:default", Origin: 7},
+		{ID: "c", Candidate: w2r0, SequenceHashes: []uint64{3}, Admitted: t0, Partition: "m:default", Origin: 9},
+	} {
+		if _, _, err := l.Mirror(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustBook(t, l, Booking{ID: "local", Candidate: w1r0, SequenceHashes: []uint64{4}, Admitted: t0, Partition: "m:default"})
+	if got := l.ReleaseMirrorsOf(0); len(got) != 0 {
+		t.Fatalf("origin 0 released %d bookings", len(got))
+	}
+	got := l.ReleaseMirrorsOf(7)
+	if len(got) != 2 || got[0].Origin != 7 || got[1].Origin != 7 {
+		t.Fatalf("released %+v, want the two mirrors of origin 7", got)
+	}
+	checkInvariants(t, l)
+	if n, _ := l.Len(); n != 2 {
+		t.Fatalf("%d live bookings left, want 2 (origin 9's mirror and the local one)", n)
+	}
+	wantLoad(t, l, w1r0, Load{ActiveBlocks: 1, ActiveRequests: 1})
+}

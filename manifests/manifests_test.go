@@ -21,6 +21,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -68,6 +69,7 @@ type rendered struct {
 	gateways         []gatewayv1.Gateway
 	httpRoutes       []gatewayv1.HTTPRoute
 	destinationRules []destinationRule
+	networkPolicies  []networkingv1.NetworkPolicy
 }
 
 // strict decodes JSON into out, rejecting unknown fields.
@@ -124,6 +126,8 @@ func render(t *testing.T, dir string) *rendered {
 			err2 = decodeInto(js, &out.gateways)
 		case "gateway.networking.k8s.io/v1/HTTPRoute":
 			err2 = decodeInto(js, &out.httpRoutes)
+		case "networking.k8s.io/v1/NetworkPolicy":
+			err2 = decodeInto(js, &out.networkPolicies)
 		case "networking.istio.io/v1/DestinationRule":
 			err2 = decodeInto(js, &out.destinationRules)
 		default:
@@ -185,7 +189,7 @@ func boolInt(b bool) int {
 
 func (r *rendered) count() int {
 	return len(r.serviceAccounts) + len(r.services) + len(r.deployments) + len(r.roles) + len(r.roleBindings) +
-		len(r.pools) + len(r.gateways) + len(r.httpRoutes) + len(r.destinationRules)
+		len(r.pools) + len(r.gateways) + len(r.httpRoutes) + len(r.destinationRules) + len(r.networkPolicies)
 }
 
 // epp returns the base's EPP Deployment, Service and pool.
@@ -311,6 +315,47 @@ func TestBaseDeployment(t *testing.T) {
 		}
 		if ip := e["POD_IP"]; ip.ValueFrom == nil || ip.ValueFrom.FieldRef == nil || ip.ValueFrom.FieldRef.FieldPath != "status.podIP" {
 			t.Errorf("POD_IP %+v, want the downward API's status.podIP (a replica is never its own peer)", ip)
+		}
+	})
+	t.Run("the NetworkPolicy keeps the selection API and the sync port to the EPP replicas", func(t *testing.T) {
+		if len(r.networkPolicies) != 1 {
+			t.Fatalf("%d NetworkPolicies, want 1", len(r.networkPolicies))
+		}
+		np := r.networkPolicies[0]
+		if !cmp.Equal(np.Spec.PodSelector.MatchLabels, d.Spec.Template.Labels) {
+			t.Errorf("policy selects %v, want the EPP pods %v", np.Spec.PodSelector.MatchLabels, d.Spec.Template.Labels)
+		}
+		open, replicasOnly := map[string]bool{}, map[string]bool{}
+		for _, rule := range np.Spec.Ingress {
+			for _, p := range rule.Ports {
+				if p.Port == nil {
+					t.Fatalf("rule %+v opens every port", rule)
+				}
+				switch {
+				case len(rule.From) == 0:
+					open[p.Port.StrVal] = true
+				case len(rule.From) == 1 && rule.From[0].PodSelector != nil && rule.From[0].NamespaceSelector == nil &&
+					cmp.Equal(rule.From[0].PodSelector.MatchLabels, d.Spec.Template.Labels):
+					replicasOnly[p.Port.StrVal] = true
+				default:
+					t.Errorf("unexpected rule %+v", rule)
+				}
+			}
+		}
+		if want := map[string]bool{"grpc-ext-proc": true, "grpc-health": true, "http-metrics": true}; !cmp.Equal(open, want) {
+			t.Errorf("ports open to all %v, want %v", open, want)
+		}
+		if want := map[string]bool{"selection-http": true, "replica-agg": true}; !cmp.Equal(replicasOnly, want) {
+			t.Errorf("ports open to the replicas only %v, want %v", replicasOnly, want)
+		}
+		names := map[string]bool{}
+		for _, p := range c.Ports {
+			names[p.Name] = true
+		}
+		for p := range open {
+			if !names[p] {
+				t.Errorf("policy names port %q the container does not have", p)
+			}
 		}
 	})
 	t.Run("every container runs non-root with a read-only root filesystem and no capabilities", func(t *testing.T) {

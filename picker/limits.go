@@ -117,10 +117,11 @@ func ParsePartitionKey(key string) (PartitionKey, error) {
 // is: no partition of that name (naming up to maxListedModels registered models), or a partition
 // whose workers are all unschedulable (with each one's lifecycle and reasons).
 func (s *Service) errNoPartitionWorkers(key PartitionKey) error {
-	msg := "no schedulable workers for " + key.String()
+	name := excerpt.Of(key.String())
+	msg := "no schedulable workers for " + name
 	members := s.Workers(key.ModelName, key.RoutingGroup)
 	if len(members) == 0 {
-		return Errorf(KindNotReady, "%s: there is no partition %s (%s)", msg, key, s.registeredModels())
+		return Errorf(KindNotReady, "%s: there is no partition %s (%s)", msg, name, s.registeredModels())
 	}
 	parts := make([]string, 0, min(len(members), maxListedModels))
 	for i, w := range members {
@@ -149,7 +150,10 @@ func (s *Service) registeredModels() string {
 	if len(ms) == 0 {
 		return "no model is registered"
 	}
-	shown := ms[:min(len(ms), maxListedModels)]
+	shown := make([]string, 0, maxListedModels)
+	for _, m := range ms[:min(len(ms), maxListedModels)] {
+		shown = append(shown, excerpt.Of(m))
+	}
 	out := "registered models: " + strings.Join(shown, ", ")
 	if len(ms) > len(shown) {
 		out += fmt.Sprintf(" and %d more", len(ms)-len(shown))

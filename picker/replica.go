@@ -106,6 +106,12 @@ func (s *Service) ApplyRemoteSlot(key PartitionKey, blockSize uint32, ev ledger.
 	if ev.ID == "" || ev.Origin == 0 {
 		return RemoteInvalid
 	}
+	// A peer's booking is bounded like a local one (MaxISLTokens): a prefill hint or a prompt
+	// beyond it would pin the worker's load at an impossible value until expiry.
+	if (ev.PrefillTokens != nil && *ev.PrefillTokens > MaxISLTokens) ||
+		uint64(len(ev.SequenceHashes))*uint64(blockSize) > MaxISLTokens+uint64(blockSize) {
+		return RemoteInvalid
+	}
 	name := key.String()
 	switch ev.Kind {
 	case ledger.SlotAdmission:
@@ -198,3 +204,15 @@ func (s *Service) Booking(id string) (ledger.Booking, bool) { return s.ledger.Lo
 // ReservationCounts returns the number of live bookings (mirrors included) and of claims that
 // have not become bookings.
 func (s *Service) ReservationCounts() (bookings, claims int) { return s.ledger.Len() }
+
+// ForgetReplica releases every booking mirrored from the replica with router_id origin, which
+// has left (its peer was deregistered: it drained and ended, or died), and returns how many
+// (selection-service.md §15: without it those bookings would count as load until the expiry
+// sweep, up to DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS + 60 s). Mirrors hold no lease; released
+// capacity admits queued requests (§13.3).
+func (s *Service) ForgetReplica(origin uint64) int {
+	released := s.ledger.ReleaseMirrorsOf(origin)
+	s.releaseLeases(released, false)
+	s.kickPartitionsOf(released)
+	return len(released)
+}

@@ -1,6 +1,7 @@
 package picker_test
 
 import (
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -257,6 +258,16 @@ func TestApplyRemoteSlotDropRules(t *testing.T) {
 		{"a free naming another worker than the mirror's is dropped", modelKey, 4, ledger.SlotEvent{Kind: ledger.SlotFree, ID: "m", Candidate: ledger.Candidate{WorkerID: 1}, Origin: 5}, picker.RemoteUnknownReservation},
 		{"the matching free is applied", modelKey, 4, ledger.SlotEvent{Kind: ledger.SlotFree, ID: "m", Candidate: ledger.Candidate{WorkerID: 1, DPRank: 1}, Origin: 5}, picker.RemoteApplied},
 		{"an unknown kind is invalid", modelKey, 4, ledger.SlotEvent{Kind: 0, ID: "q", Candidate: ledger.Candidate{WorkerID: 1}, Origin: 5}, picker.RemoteInvalid},
+		{"a prefill hint beyond MaxISLTokens is invalid", modelKey, 4, func() ledger.SlotEvent {
+			ev := add("huge", 1, 0)
+			ev.PrefillTokens = u64(math.MaxUint64)
+			return ev
+		}(), picker.RemoteInvalid},
+		{"a prompt beyond MaxISLTokens is invalid", modelKey, 4, func() ledger.SlotEvent {
+			ev := add("long", 1, 0)
+			ev.SequenceHashes = make([]uint64, picker.MaxISLTokens/4+2)
+			return ev
+		}(), picker.RemoteInvalid},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

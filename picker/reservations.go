@@ -71,15 +71,7 @@ func (s *Service) ExpireStale(now time.Time) int {
 	limit := time.Duration(s.cfg.Router.ActiveRequestExpirySecs * float64(time.Second))
 	expired := s.ledger.ExpireAdmittedBefore(now.Add(-limit))
 	s.releaseLeases(expired, false)
-	if s.queued.Load() > 0 {
-		kicked := map[string]bool{}
-		for i := range expired {
-			if name := expired[i].Partition; !kicked[name] {
-				kicked[name] = true
-				s.kickName(name) // expiry frees capacity for queued requests (§13.3)
-			}
-		}
-	}
+	s.kickPartitionsOf(expired) // expiry frees capacity for queued requests (§13.3)
 	if len(expired) > 0 {
 		s.log.Warn().Int("bookings", len(expired)).Int64("expiry_ms", limit.Milliseconds()).Msg("expired stale bookings")
 	}
@@ -231,4 +223,19 @@ func (s *Service) LoadOnlyPick(ctx context.Context, model string, allowed []uint
 		return Selection{}, Errorf(KindNotReady, "no endpoints available to route work")
 	}
 	return best, nil
+}
+
+// kickPartitionsOf wakes the queue of each partition that released bookings name, once each, when
+// any request is queued (§13.3).
+func (s *Service) kickPartitionsOf(released []ledger.Booking) {
+	if s.queued.Load() == 0 {
+		return
+	}
+	kicked := map[string]bool{}
+	for i := range released {
+		if name := released[i].Partition; !kicked[name] {
+			kicked[name] = true
+			s.kickName(name)
+		}
+	}
 }

@@ -827,3 +827,19 @@ func TestApproximateRowsOfDepartedRanksAreDropped(t *testing.T) {
 		t.Fatalf("rank 1 rows survived leaving the range: %+v %v", sel.Overlap, err)
 	}
 }
+
+// TestNotReadyMessagesQuoteNamesBriefly: a 503 names the requested partition and the registered
+// models with at most 100 bytes of each (README "Limits").
+func TestNotReadyMessagesQuoteNamesBriefly(t *testing.T) {
+	s := newService(t)
+	long := strings.Repeat("m", 256)
+	mustUpsert(t, s, worker(1, func(r *picker.WorkerRecord) { r.ModelName = long }))
+	_, err := s.Select(ctxb(), tokenReq([]uint32{1, 2, 3, 4}, func(r *picker.SelectRequest) { r.ModelName = long[:255] + "x" }))
+	var pe *picker.Error
+	if !errors.As(err, &pe) || pe.Kind != picker.KindNotReady {
+		t.Fatalf("err %v, want not ready", err)
+	}
+	if strings.Contains(pe.Error(), strings.Repeat("m", 101)) || !strings.Contains(pe.Error(), strings.Repeat("m", 100)+"…") {
+		t.Fatalf("message quotes more than 100 bytes of a name: %q", pe.Error())
+	}
+}

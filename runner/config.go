@@ -779,7 +779,7 @@ func (c *Config) Validate() error {
 		{"DYN_EPP_TOTAL_KV_BLOCKS", c.TotalKVBlocks},
 	} {
 		if o.v.Set && (o.v.Value < 1 || o.v.Value != math.Trunc(o.v.Value) || o.v.Value > 1<<53) {
-			return c.invalid(o.key, o.v.Value, "must be a whole number > 0")
+			return c.invalid(o.key, o.v.Value, "must be a whole number in 1..9007199254740992 (2^53)")
 		}
 	}
 	if err := c.validateReplicaSync(); err != nil {
@@ -965,6 +965,11 @@ func (c *Config) validateTokenizer() error {
 			}
 		}
 	case TokenizerProtocolNone:
+		if c.UseKVEvents && c.TokenizerProtocol == "" {
+			return fmt.Errorf("no tokenizer is configured: set %s (a directory with tokenizer.json, or a Hugging Face cache), %s or %s; "+
+				"only with DYN_ROUTER_USE_KV_EVENTS=false can kvepp route without one", c.name("DYN_EPP_TOKENIZER_DIR"),
+				c.name("DYN_EPP_TOKENIZERS"), c.name("DYN_EPP_TOKENIZER_SERVICE_URL"))
+		}
 		if c.UseKVEvents {
 			return fmt.Errorf("invalid %s %q: none is only allowed with DYN_ROUTER_USE_KV_EVENTS=false (set DYN_EPP_TOKENIZER_DIR for local tokenization)", c.name("DYN_EPP_TOKENIZER_PROTOCOL"), TokenizerProtocolNone)
 		}

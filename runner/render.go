@@ -163,24 +163,27 @@ func (l localTokenizer) TokenizePrompt(_ context.Context, call extproc.TokenizeC
 	switch call.Kind {
 	case extproc.PromptChat:
 		p, err := l.ChatPromptFor(req, tokenizer.ChatOptions{ImageTokens: l.imageTokens, Cache: l.convCache})
-		if err != nil {
-			return extproc.TokenizedPrompt{}, err
-		}
-		out := extproc.TokenizedPrompt{TokenIDs: p.TokenIDs}
-		if p.Memo != nil {
-			out.HashMemo = hashMemo{p.Memo}
-		}
-		if p.UncachedFrom < len(p.TokenIDs) {
-			out.MMItems = []picker.MMItem{{Start: p.UncachedFrom, End: len(p.TokenIDs), Hash: rand.Uint64()}}
-		}
-		return out, nil
+		return routedPrompt(p), err
 	case extproc.PromptCompletion:
 		ids, err := l.CompletionIDs(req)
 		return extproc.TokenizedPrompt{TokenIDs: ids}, err
 	default:
-		ids, err := l.ResponsesIDs(req)
-		return extproc.TokenizedPrompt{TokenIDs: ids}, err
+		p, err := l.ResponsesPromptFor(req, l.imageTokens)
+		return routedPrompt(p), err
 	}
+}
+
+// routedPrompt is a chat-shaped prompt as ext_proc routes it: the ids from the first image on
+// are booked under a request-unique multimodal hash, so they never match a cached block.
+func routedPrompt(p tokenizer.ChatPrompt) extproc.TokenizedPrompt {
+	out := extproc.TokenizedPrompt{TokenIDs: p.TokenIDs}
+	if p.Memo != nil {
+		out.HashMemo = hashMemo{p.Memo}
+	}
+	if p.UncachedFrom < len(p.TokenIDs) {
+		out.MMItems = []picker.MMItem{{Start: p.UncachedFrom, End: len(p.TokenIDs), Hash: rand.Uint64()}}
+	}
+	return out
 }
 
 // request is the call's body as the tokenizer reads it: the members the ext_proc server already

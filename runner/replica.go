@@ -187,7 +187,7 @@ func (r *replicaSync) discoverPeers(ctx, runCtx context.Context, cfg Config, kub
 	defer cancel()
 	peers, err := w.WaitSynced(sctx)
 	if err != nil {
-		log.Warn().Str("service", cfg.PeerService).Str("reason", w.Problem()).
+		log.Warn().Str("peer_service", cfg.PeerService).Str("reason", w.Problem()).
 			Msg("peer EndpointSlices not listed in time; starting without recovery peers (the watch goes on)")
 		return nil, nil
 	}
@@ -268,6 +268,9 @@ func (a replicaApplier) ApplySlot(p replica.Partition, bs uint32, ev ledger.Slot
 	return false, replica.DropInvalid
 }
 
+// ForgetReplica implements replica.Applier.
+func (a replicaApplier) ForgetReplica(origin uint64) int { return a.svc.ForgetReplica(origin) }
+
 // ApplyAffinity implements replica.Applier.
 func (a replicaApplier) ApplyAffinity(p replica.Partition, u ledger.AffinityUpdate) bool {
 	return a.svc.ApplyRemoteAffinity(picker.PartitionKey(p), u)
@@ -291,6 +294,8 @@ func peerError(err error) error {
 		return picker.Errorf(picker.KindNotFound, "peer not found")
 	case errors.Is(err, replica.ErrClosed):
 		return picker.Errorf(picker.KindNotReady, "replica peer manager is unavailable")
+	case errors.Is(err, replica.ErrTooManyPeers):
+		return picker.Errorf(picker.KindBadRequest, "%v", err)
 	}
 	return picker.Errorf(picker.KindInternal, "%v", err)
 }

@@ -452,3 +452,31 @@ func TestReplicatedSessionBindingSteersThePeer(t *testing.T) {
 		t.Fatalf("select on b for another session: %d worker %d; want the idle worker (the peer's booking is counted)", st, sel.WorkerID)
 	}
 }
+
+// TestADepartedReplicasBookingsLeaveThePeers: B follows A; A books; when A's peer is deregistered
+// on B (what the EndpointSlice watcher does once a drained or dead replica leaves the slice), B
+// stops counting A's booking at once instead of until the expiry sweep.
+func TestADepartedReplicasBookingsLeaveThePeers(t *testing.T) {
+	a, b := startInstance(t, replicaConfig(t)), startInstance(t, replicaConfig(t))
+	for _, inst := range []*Instance{a, b} {
+		registerWorkers(t, inst)
+	}
+	if st := registerPeer(t, b, a); st != http.StatusCreated {
+		t.Fatalf("register_peer: %d", st)
+	}
+	linkAll(t, a, b)
+	w := book(t, a, "held-by-a", []uint32{1, 2, 3, 4, 5, 6, 7, 8})
+	waitLoad(t, "the mirror on B", b, w, workerLoad(t, a, w), 10*time.Second)
+	st := httpJSON(t, http.MethodPost, "http://"+b.Addrs().Selection+"/replica_sync/deregister_peer",
+		map[string]string{"endpoint": "tcp://" + a.Addrs().ReplicaSync}, nil)
+	if st != http.StatusOK {
+		t.Fatalf("deregister_peer: %d", st)
+	}
+	if _, held := b.Service.Booking("held-by-a"); held {
+		t.Fatal("B still holds the departed replica's booking")
+	}
+	waitLoad(t, "B after A left", b, w, [3]uint64{}, time.Second)
+	if _, held := a.Service.Booking("held-by-a"); !held {
+		t.Fatal("A's own booking was released")
+	}
+}

@@ -73,6 +73,9 @@ func RunRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		return fmt.Errorf("route: unexpected argument %q", fs.Arg(0))
 	}
+	if *timeout <= 0 {
+		return fmt.Errorf("route: --timeout %v must be > 0", *timeout)
+	}
 	headers = append(headers, extproctest.Header{Key: extproc.DecisionHeader, Value: "1"}) // ask for the decision metadata
 	req := extproctest.Request{Method: *method, Path: *path, Headers: headers, HeaderOnly: *bodyFile == "", Response: routeResponse}
 	if *bodyFile != "" {
@@ -99,6 +102,9 @@ func RunRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer cancel()
 	ex, err := extproctest.NewClient(conn).Do(ctx, req)
 	if err != nil {
+		if !transportMismatch(err) {
+			return fmt.Errorf("route: ext_proc exchange with %s: %w", *addr, err)
+		}
 		hint := "is the EPP serving TLS (DYN_EPP_SECURE_SERVING=true, the default)? then add --tls"
 		if *useTLS {
 			hint = "is the EPP serving plaintext (DYN_EPP_SECURE_SERVING=false)? then drop --tls"
@@ -135,4 +141,17 @@ func printDecision(w io.Writer, ex *extproctest.Exchange) {
 	} else {
 		line("booking", "none (load-only picks book nothing)")
 	}
+}
+
+// transportMismatch reports whether err looks like a plaintext client talking to a TLS server or
+// the reverse (a broken HTTP/2 preface or TLS handshake), the one case the --tls hint is for; a
+// refused connection or a timeout is not.
+func transportMismatch(err error) bool {
+	msg := err.Error()
+	for _, s := range []string{"server preface", "tls:", "first record does not look like a TLS handshake", "http2: frame too large", "connection reset by peer"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }

@@ -3,6 +3,7 @@ package runner
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -78,6 +79,26 @@ func TestRouteShowsOneDecisionAndFreesItsBooking(t *testing.T) {
 		out, err := route("--body", bad)
 		if err == nil || !strings.Contains(err.Error(), "404") || !strings.Contains(out, `model \"nope\" is not served`) {
 			t.Fatalf("route: %v\n%s", err, out)
+		}
+	})
+	t.Run("the --tls hint comes only with a transport mismatch", func(t *testing.T) {
+		_, err := route("--tls", "--body", body) // TLS against the plaintext EPP
+		if err == nil || !strings.Contains(err.Error(), "drop --tls") {
+			t.Fatalf("TLS to a plaintext EPP: %v, want the hint to drop --tls", err)
+		}
+		var out bytes.Buffer
+		ln, lerr := net.Listen("tcp", "127.0.0.1:0")
+		if lerr != nil {
+			t.Fatal(lerr)
+		}
+		free := ln.Addr().String()
+		ln.Close()
+		err = RunRoute(context.Background(), []string{"--addr", free, "--timeout", "2s", "--body", body}, &out, &out)
+		if err == nil || strings.Contains(err.Error(), "--tls") {
+			t.Fatalf("nothing listening: %v, want an error without the TLS hint", err)
+		}
+		if _, err := route("--timeout", "0s"); err == nil || !strings.Contains(err.Error(), "--timeout") {
+			t.Fatalf("--timeout 0s: %v", err)
 		}
 	})
 	t.Run("a body file that does not exist is an error naming it", func(t *testing.T) {

@@ -36,6 +36,7 @@ import (
 
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/extproc"
+	"github.com/kvepp/kvepp/internal/zmqtcp"
 	"github.com/kvepp/kvepp/kvindex/kvevents"
 	"github.com/kvepp/kvepp/picker"
 	"github.com/kvepp/kvepp/picker/discovery"
@@ -300,6 +301,9 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	// 2. Metrics and health servers (NOT_SERVING).
 	inst.Metrics = prometheus.NewRegistry()
 	inst.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	inst.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvepp_zmq_oversized_frames_total",
+		Help: "ZeroMQ connections (KV events, replica sync) closed because the peer declared a frame above the 16 MiB bound."},
+		func() float64 { return float64(zmqtcp.OversizedFrames()) }))
 	metricsLn, err := listen(cfg.BindAddress, cfg.MetricsPort, cfg.name("DYN_EPP_METRICS_PORT"))
 	if err != nil {
 		return nil, err

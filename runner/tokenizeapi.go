@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/kvepp/kvepp/extproc"
@@ -66,14 +68,19 @@ func (a *tokenizeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.maxBody))
 	if err != nil {
-		vllmError(w, http.StatusRequestEntityTooLarge, "BadRequestError", "", "request body is too large")
+		vllmError(w, http.StatusRequestEntityTooLarge, "BadRequestError", "",
+			fmt.Sprintf("request body exceeds %d bytes (DYN_EPP_MAX_REQUEST_BODY_BYTES)", a.maxBody))
+		return
+	}
+	if t := bytes.TrimLeft(body, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "request body must be a JSON object")
 		return
 	}
 	var head struct {
 		Model *string `json:"model"`
 	}
 	if err := json.Unmarshal(body, &head); err != nil {
-		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "request body is not a JSON object: "+err.Error())
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "", bodyError(err))
 		return
 	}
 	if a.localOnly != "" {
@@ -137,7 +144,7 @@ func (a *tokenizeAPI) tokenize(w http.ResponseWriter, tk *tokenizer.Tokenizer, b
 		ReturnTokenStrs *bool           `json:"return_token_strs"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
-		vllmError(w, http.StatusBadRequest, "BadRequestError", "", err.Error())
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "", bodyError(err))
 		return
 	}
 	var ids []uint32
@@ -190,7 +197,7 @@ func (a *tokenizeAPI) detokenize(w http.ResponseWriter, tk *tokenizer.Tokenizer,
 		Tokens *[]int64 `json:"tokens"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
-		vllmError(w, http.StatusBadRequest, "BadRequestError", "tokens", "tokens must be a list of integers: "+err.Error())
+		vllmError(w, http.StatusBadRequest, "BadRequestError", "tokens", bodyError(err))
 		return
 	}
 	if req.Tokens == nil {
@@ -249,4 +256,25 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(data)
+}
+
+// bodyError words a JSON decoding error of a /tokenize or /detokenize body as the client's
+// mistake, naming the field: `"model" must be a string`, `"tokens" must be a list of integers`.
+func bodyError(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		field, _, _ := strings.Cut(te.Field, ".")
+		switch te.Type.Kind() {
+		case reflect.String:
+			return fmt.Sprintf("%q must be a string", field)
+		case reflect.Bool:
+			return fmt.Sprintf("%q must be a boolean", field)
+		case reflect.Int64, reflect.Slice:
+			if field == "tokens" {
+				return fmt.Sprintf("%q must be a list of integers", field)
+			}
+		}
+		return fmt.Sprintf("%q has the wrong type (%s)", field, te.Value)
+	}
+	return "request body is not valid JSON: " + err.Error()
 }

@@ -118,7 +118,11 @@ func TestTokenizeEndpointMatchesVLLMShape(t *testing.T) {
 		code             int
 		typ, param, msg  string
 	}{
-		{"a body that is not JSON is a 400", "/tokenize", `{`, 400, "BadRequestError", "", "not a JSON object"},
+		{"a body that is not JSON is a 400", "/tokenize", `{`, 400, "BadRequestError", "", "not valid JSON"},
+		{"a body that is not an object is a 400", "/tokenize", `[]`, 400, "BadRequestError", "", "request body must be a JSON object"},
+		{"a null body is a 400", "/tokenize", `null`, 400, "BadRequestError", "", "request body must be a JSON object"},
+		{"a model that is not a string names the field", "/tokenize", `{"model":123,"prompt":"a"}`, 400, "BadRequestError", "", `"model" must be a string`},
+		{"a fractional token id names the field", "/detokenize", `{"tokens":[1.5]}`, 400, "BadRequestError", "tokens", `"tokens" must be a list of integers`},
 		{"neither prompt nor messages is a 400", "/tokenize", `{"model":"` + e2eModel + `"}`, 400, "BadRequestError", "", "either prompt or messages"},
 		{"both prompt and messages is a 400", "/tokenize", `{"prompt":"a","messages":[]}`, 400, "BadRequestError", "", "not both"},
 		{"a prompt that is not a string is a 400", "/tokenize", `{"prompt":[1,2]}`, 400, "BadRequestError", "", "prompt must be a string"},

@@ -81,15 +81,22 @@ func (t *Tokenizer) ChatPromptFor(r *Request, o ChatOptions) (ChatPrompt, error)
 			return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids), Memo: memo}, nil
 		}
 	}
-	imageTokens := o.ImageTokens
 	prompt, err := t.render(in)
 	if err != nil {
 		return ChatPrompt{}, err
 	}
+	return t.splitAtImages(prompt, addSpecial, o.ImageTokens, func(prefix string) bool { return t.imageBoundaryClean(in, prefix) }), nil
+}
+
+// splitAtImages encodes a prompt rendered with imageSentinel at each image: exactly up to the
+// first image (backing off backOffTokens unless clean, which may be nil, says the engine's text
+// there starts with an added token), then the rest of the text and imageTokens ids per image as
+// uncached. A prompt without a sentinel is encoded as it is.
+func (t *Tokenizer) splitAtImages(prompt string, addSpecial bool, imageTokens int, clean func(prefix string) bool) ChatPrompt {
 	first := strings.Index(prompt, imageSentinel)
 	if first < 0 {
 		ids := t.Encode(prompt, addSpecial)
-		return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids)}, nil
+		return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids)}
 	}
 	prefix := prompt[:first]
 	rest := prompt[first+len(imageSentinel):]
@@ -102,7 +109,7 @@ func (t *Tokenizer) ChatPromptFor(r *Request, o ChatOptions) (ChatPrompt, error)
 	}
 	ids = t.appendEncodedText(prefix, ids)
 	uncached := len(ids)
-	if !t.imageBoundaryClean(in, prefix) {
+	if clean == nil || !clean(prefix) {
 		uncached = max(uncached-backOffTokens, 0)
 	}
 	ids = t.appendEncodedText(rest, ids)
@@ -112,7 +119,7 @@ func (t *Tokenizer) ChatPromptFor(r *Request, o ChatOptions) (ChatPrompt, error)
 	if addSpecial {
 		ids = append(ids, t.post.suffix...)
 	}
-	return ChatPrompt{TokenIDs: ids, UncachedFrom: uncached}, nil
+	return ChatPrompt{TokenIDs: ids, UncachedFrom: uncached}
 }
 
 // appendEncodedText encodes s (without special tokens) onto dst.

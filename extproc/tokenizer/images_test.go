@@ -75,3 +75,39 @@ func TestTokenizeChatPromptRoutesImagesByTheirTextPrefix(t *testing.T) {
 		}
 	})
 }
+
+// TestResponsesPromptRoutesImagesByTheirTextPrefix: a Responses body's input_image parts end the
+// cacheable prefix and are booked like a chat's; a text-only body is exactly ResponsesIDs.
+func TestResponsesPromptRoutesImagesByTheirTextPrefix(t *testing.T) {
+	tk := qwen3(t)
+	const history = `{"role":"user","content":[{"type":"input_text","text":"Hello, here is some context for you to keep."}]},{"role":"assistant","content":[{"type":"output_text","text":"Thanks, noted."}]},`
+	textOnly, err := ParseRequest([]byte(`{"model":"m","input":[` + history + `{"role":"user","content":[{"type":"input_text","text":"What is this?"}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	withImage, err := ParseRequest([]byte(`{"model":"m","input":[` + history + `{"role":"user","content":[{"type":"input_text","text":"What is this?"},{"type":"input_image","image_url":"data:image/png;base64,AAAA"}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exact, err := tk.ResponsesIDs(textOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tk.ResponsesPromptFor(textOnly, 64)
+	if err != nil || !cmp.Equal(got, ChatPrompt{TokenIDs: exact, UncachedFrom: len(exact)}) {
+		t.Fatalf("text-only ResponsesPromptFor = %+v, %v; want ResponsesIDs' ids", got, err)
+	}
+	img, err := tk.ResponsesPromptFor(withImage, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.UncachedFrom < 10 || img.UncachedFrom >= len(exact) {
+		t.Fatalf("UncachedFrom = %d of %d text ids", img.UncachedFrom, len(exact))
+	}
+	if !cmp.Equal(img.TokenIDs[:img.UncachedFrom], exact[:img.UncachedFrom]) {
+		t.Fatal("the ids before the image differ from the text-only body's")
+	}
+	if len(img.TokenIDs) < len(exact)+64 {
+		t.Fatalf("%d ids booked, want the text plus 64 image tokens (> %d)", len(img.TokenIDs), len(exact)+64)
+	}
+}

@@ -351,8 +351,32 @@ func (t *Tokenizer) TokenizeResponses(body []byte) ([]uint32, error) {
 
 // ResponsesIDs is TokenizeResponses for a Request.
 func (t *Tokenizer) ResponsesIDs(r *Request) ([]uint32, error) {
+	prompt, err := t.responsesPrompt(r, false)
+	if err != nil {
+		return nil, err
+	}
+	return t.Encode(prompt, false), nil
+}
+
+// ResponsesPromptFor tokenizes a stateless Responses body for routing, as ResponsesIDs does for
+// text, except that image parts (input_image, image_url) are not skipped: as in
+// TokenizeChatPrompt, the text before the first image is encoded exactly (minus backOffTokens,
+// since the engine's placeholder there is model-specific) and everything from it on — the
+// remaining text plus imageTokens ids per image — comes after UncachedFrom. Errors as
+// TokenizeResponses.
+func (t *Tokenizer) ResponsesPromptFor(r *Request, imageTokens int) (ChatPrompt, error) {
+	prompt, err := t.responsesPrompt(r, true)
+	if err != nil {
+		return ChatPrompt{}, err
+	}
+	return t.splitAtImages(prompt, false, imageTokens, nil), nil
+}
+
+// responsesPrompt renders a Responses body as a chat; with sentinels, each image part is written
+// as imageSentinel into its message's text.
+func (t *Tokenizer) responsesPrompt(r *Request, sentinels bool) (string, error) {
 	if prev := r.get("previous_response_id"); prev != nil && prev[0] != 'n' {
-		return nil, ErrStateful
+		return "", ErrStateful
 	}
 	msgs := &jval{kind: jArray}
 	addMsg := func(role *jval, content string) {
@@ -363,52 +387,48 @@ func (t *Tokenizer) ResponsesIDs(r *Request) ([]uint32, error) {
 	}
 	ins, err := r.decode("instructions")
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	if ins != nil && ins.kind != jNull {
 		if ins.kind != jString {
-			return nil, badRequest("instructions is %s, want a string", ins.typeName())
+			return "", badRequest("instructions is %s, want a string", ins.typeName())
 		}
 		addMsg(jstr("system"), ins.s)
 	}
 	input, err := r.decode("input")
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	switch {
 	case input == nil:
-		return nil, badRequest("input is missing")
+		return "", badRequest("input is missing")
 	case input.kind == jString:
 		addMsg(jstr("user"), input.s)
 	case input.kind == jArray:
 		for i, item := range input.arr {
 			if item.kind != jObject {
-				return nil, badRequest("input[%d] is %s, want an object", i, item.typeName())
+				return "", badRequest("input[%d] is %s, want an object", i, item.typeName())
 			}
 			role := item.get("role")
 			if role == nil {
 				continue // function_call, reasoning and other non-message items
 			}
 			if role.kind != jString {
-				return nil, badRequest("input[%d].role is %s, want a string", i, role.typeName())
+				return "", badRequest("input[%d].role is %s, want a string", i, role.typeName())
 			}
-			text, err := responsesText(item.get("content"), i)
+			text, err := responsesText(item.get("content"), i, sentinels)
 			if err != nil {
-				return nil, err
+				return "", err
 			}
 			addMsg(role, text)
 		}
 	default:
-		return nil, badRequest("input is %s, want a string or an array", input.typeName())
+		return "", badRequest("input is %s, want a string or an array", input.typeName())
 	}
-	prompt, err := t.render(&chatInput{messages: msgs, addGenerationPrompt: true})
-	if err != nil {
-		return nil, err
-	}
-	return t.Encode(prompt, false), nil
+	return t.render(&chatInput{messages: msgs, addGenerationPrompt: true})
 }
 
-func responsesText(c *jval, i int) (string, error) {
+func responsesText(c *jval, i int, sentinels bool) (string, error) {
 	if c == nil || c.kind == jNull {
 		return "", nil
 	}
@@ -422,6 +442,10 @@ func responsesText(c *jval, i int) (string, error) {
 				return "", badRequest("input[%d].content[%d] is %s, want an object", i, k, p.typeName())
 			}
 			typ := p.get("type")
+			if sentinels && typ != nil && typ.kind == jString && (typ.s == "input_image" || typ.s == "image_url") {
+				b.WriteString(imageSentinel)
+				continue
+			}
 			if typ == nil || typ.kind != jString || (typ.s != "input_text" && typ.s != "output_text") {
 				continue
 			}

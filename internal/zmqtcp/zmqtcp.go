@@ -6,7 +6,9 @@
 // transport
 //   - a dialled connection is closed as soon as its socket's context ends, and
 //   - every write has a deadline of WriteTimeout; a write that misses it closes the connection
-//     (zmq4 then drops that connection and keeps serving the others).
+//     (zmq4 then drops that connection and keeps serving the others), and
+//   - a peer's frame header declaring more than MaxFrameBytes closes the connection before zmq4
+//     allocates the frame (LimitFrames).
 //
 // Use it by rewriting a validated tcp:// endpoint with Endpoint before Dial or Listen.
 package zmqtcp
@@ -62,7 +64,7 @@ func (t tcpTransport) Dial(ctx context.Context, dialer transport.Dialer, addr st
 		return nil, err
 	}
 	context.AfterFunc(ctx, func() { _ = c.Close() })
-	return deadlineConn{Conn: c}, nil
+	return deadlineConn{Conn: LimitFrames(c)}, nil
 }
 
 // Listen listens like tcp; accepted connections get write deadlines.
@@ -79,13 +81,13 @@ func (t tcpTransport) Addr(ep string) (string, error) { return t.plain.Addr(ep) 
 
 type deadlineListener struct{ net.Listener }
 
-// Accept wraps the accepted connection in a deadlineConn.
+// Accept wraps the accepted connection with write deadlines and the frame-size bound.
 func (l deadlineListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return deadlineConn{Conn: c}, nil
+	return deadlineConn{Conn: LimitFrames(c)}, nil
 }
 
 // deadlineConn gives every Write a WriteTimeout deadline. A timed-out write closes the connection

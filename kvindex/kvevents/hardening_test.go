@@ -10,6 +10,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kvepp/kvepp/internal/syncbuf"
+	"github.com/kvepp/kvepp/internal/zmqtcp"
+	"github.com/kvepp/kvepp/internal/zmqtcp/zmqtcptest"
 	"github.com/kvepp/kvepp/kvindex"
 	"github.com/kvepp/kvepp/kvindex/kvevents"
 	kt "github.com/kvepp/kvepp/kvindex/kvevents/kveventstest"
@@ -176,4 +178,25 @@ func duplicateKey(t *testing.T, line string) string {
 		}
 	}
 	return ""
+}
+
+// TestAHostilePublisherDoesNotCrashTheListener attaches a worker whose KV-event endpoint and
+// replay endpoint declare a 1 TiB frame (without internal/zmqtcp's frame bound zmq4 allocates it
+// and the process aborts): the frames are refused and counted, the worker's listener keeps
+// redialling, and another worker's events still reach the index.
+func TestAHostilePublisherDoesNotCrashTheListener(t *testing.T) {
+	before := zmqtcp.OversizedFrames()
+	hostile := "tcp://" + zmqtcptest.ServeOversized(t, 1<<40)
+	m := newManager(t, kvevents.ManagerConfig{Logger: zerolog.Nop()})
+	ix := kvindex.New(kvindex.Config{BlockSize: testBS})
+	spec := kvevents.WorkerSpec{WorkerID: 77, BlockSize: testBS, DPSize: 1,
+		Endpoints: map[uint32]string{0: hostile}, ReplayEndpoint: hostile}
+	if err := m.Attach(spec, ix); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the oversized frames to be refused twice (redialled)", func() bool { return zmqtcp.OversizedFrames()-before >= 2 })
+	pub := kt.New(t, kt.Options{})
+	attachPublisher(t, m, pub, w1, ix)
+	pub.Publish(storeChain(1, 0, 1))
+	waitUntil(t, "the good worker's event to be applied", func() bool { return m.Stats().EventsApplied == 1 })
 }

@@ -35,8 +35,9 @@ type freedAt struct {
 }
 
 // receive handles one message from a peer: decode, drop malformed messages, unknown topics, the
-// legacy envelope and this replica's own events, then queue it for its partition.
-func (m *Manager) receive(frames [][]byte) {
+// legacy envelope and this replica's own events, then queue it for its partition. It returns the
+// router_id of a queued slot event, else 0.
+func (m *Manager) receive(frames [][]byte) (origin uint64) {
 	if len(frames) != 2 {
 		m.drop(DropMalformed, "replica message without exactly 2 frames")
 		return
@@ -60,6 +61,7 @@ func (m *Manager) receive(frames [][]byte) {
 			return
 		}
 		m.enqueue(msg.Partition, inItem{slot: msg, at: now})
+		return msg.Event.Origin
 	case TopicSessionAffinity:
 		msg, err := DecodeAffinity(frames[1])
 		if err != nil {
@@ -76,6 +78,7 @@ func (m *Manager) receive(frames [][]byte) {
 	default:
 		m.drop(DropUnknownTopic, "")
 	}
+	return 0
 }
 
 // enqueue drops events of partitions the applier does not know, and queues the rest on their
@@ -141,6 +144,10 @@ func (m *Manager) apply(in *inbox, a Applier, it *inItem) {
 	ev := it.slot.Event
 	if ev.Kind == ledger.SlotAdmission && in.forget(ev.ID, it.at, m.cfg.FreedWindow) {
 		m.drop(DropFreedBeforeAdmission, "")
+		return
+	}
+	if ev.Kind == ledger.SlotAdmission && m.departedBefore(ev.Origin, it.at) {
+		m.drop(DropDepartedReplica, "")
 		return
 	}
 	applied, reason := a.ApplySlot(in.part, it.slot.BlockSize, ev)

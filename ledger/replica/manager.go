@@ -53,7 +53,13 @@ var (
 	ErrPeerNotFound = errors.New("peer not found")
 	// ErrClosed: the manager was closed.
 	ErrClosed = errors.New("replica peer manager is unavailable")
+	// ErrTooManyPeers: RegisterPeer when MaxPeers peers are registered.
+	ErrTooManyPeers = fmt.Errorf("too many replica peers (the limit is %d)", MaxPeers)
 )
+
+// MaxPeers bounds the registered peers (each is a SUB socket and a goroutine that keeps
+// re-dialling): far more EPP replicas than any pool runs.
+const MaxPeers = 256
 
 // Applier is the local core received events are applied to (the picker's selection service,
 // adapted by the composition root). Its methods are called from one goroutine per partition.
@@ -68,6 +74,10 @@ type Applier interface {
 	// ApplyAffinity applies one peer's session binding (§12.1 apply rules) and reports whether
 	// the local table changed.
 	ApplyAffinity(p Partition, u ledger.AffinityUpdate) bool
+	// ForgetReplica releases every booking mirrored from the replica with router_id origin and
+	// returns how many; the manager calls it when the peer that replica published on is
+	// deregistered (it left: drained, scaled down or died).
+	ForgetReplica(origin uint64) int
 }
 
 // Config configures a Manager.
@@ -162,6 +172,9 @@ type Manager struct {
 
 	inMu    sync.Mutex
 	inboxes map[Partition]*inbox
+
+	departMu sync.Mutex
+	departed map[uint64]time.Time // router_id → when its peer was deregistered
 
 	c         counters
 	connected atomic.Int64
@@ -361,6 +374,9 @@ func (m *Manager) RegisterPeer(endpoint string) (added bool, err error) {
 	if _, ok := m.peers[endpoint]; ok {
 		return false, nil
 	}
+	if len(m.peers) >= MaxPeers {
+		return false, ErrTooManyPeers
+	}
 	p := &peer{endpoint: endpoint}
 	m.peers[endpoint] = p
 	if m.started {
@@ -386,7 +402,62 @@ func (m *Manager) DeregisterPeer(endpoint string) error {
 	m.mu.Unlock()
 	p.stop()
 	m.log.Info().Str("peer", endpoint).Msg("replica peer deregistered")
+	m.forgetOriginsOf(p)
 	return nil
+}
+
+// departedKeep is how long a departed replica's router_id stays remembered: longer than any
+// event waits in an inbox.
+const departedKeep = time.Minute
+
+// forgetOriginsOf releases the mirrors of every replica that published through the deregistered
+// peer p and that no other registered peer carries: that replica left (drained, scaled down or
+// died), and its Free events may never arrive. Admissions from it received before now are
+// dropped when they come up in an inbox (DropDepartedReplica).
+func (m *Manager) forgetOriginsOf(p *peer) {
+	origins := p.seenOrigins()
+	if len(origins) == 0 {
+		return
+	}
+	m.mu.Lock()
+	a := m.applier
+	for _, other := range m.peers {
+		for _, o := range other.seenOrigins() {
+			origins = slices.DeleteFunc(origins, func(x uint64) bool { return x == o })
+		}
+	}
+	m.mu.Unlock()
+	now := m.cfg.Now()
+	m.departMu.Lock()
+	if m.departed == nil {
+		m.departed = map[uint64]time.Time{}
+	}
+	for o, at := range m.departed {
+		if now.Sub(at) > departedKeep {
+			delete(m.departed, o)
+		}
+	}
+	for _, o := range origins {
+		m.departed[o] = now
+	}
+	m.departMu.Unlock()
+	if a == nil {
+		return
+	}
+	for _, o := range origins {
+		if n := a.ForgetReplica(o); n > 0 {
+			m.log.Info().Str("peer", p.endpoint).Uint64("router_id", o).Int("bookings", n).
+				Msg("released the bookings mirrored from a departed replica")
+		}
+	}
+}
+
+// departedBefore reports whether origin's peer was deregistered at or after at.
+func (m *Manager) departedBefore(origin uint64, at time.Time) bool {
+	m.departMu.Lock()
+	defer m.departMu.Unlock()
+	t, ok := m.departed[origin]
+	return ok && !at.After(t)
 }
 
 // Peers returns the registered peer endpoints, sorted (never nil).

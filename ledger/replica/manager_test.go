@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -29,6 +30,23 @@ type fakeApplier struct {
 	reasons  map[string]DropReason
 	unknown  map[Partition]bool
 	block    chan struct{} // when non-nil, ApplySlot waits on it
+	forgot   []uint64      // ForgetReplica calls
+}
+
+// ForgetReplica records origin and drops the admissions applied from it, reporting how many.
+func (f *fakeApplier) ForgetReplica(origin uint64) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.forgot = append(f.forgot, origin)
+	n := len(f.slots)
+	f.slots = slices.DeleteFunc(f.slots, func(ev ledger.SlotEvent) bool { return ev.Origin == origin && ev.Kind == ledger.SlotAdmission })
+	return n - len(f.slots)
+}
+
+func (f *fakeApplier) forgotten() []uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.forgot)
 }
 
 func (f *fakeApplier) HasPartition(p Partition) bool {
@@ -483,4 +501,49 @@ func TestAStuckSubscriberDoesNotStopTheOthers(t *testing.T) {
 		t.Fatal("no drop counted for the subscriber that never reads")
 	}
 	t.Logf("stuck subscriber missed %d events; the live peer got all %d", a.Stats().Dropped[DropSubscriberFull], n)
+}
+
+// TestADeregisteredPeersMirrorsAreReleased: when the peer a replica published through is
+// deregistered (it drained and left, or died), its mirrored bookings are released at once, not
+// left as load until expiry; a replica reachable through another registered peer is kept.
+func TestADeregisteredPeersMirrorsAreReleased(t *testing.T) {
+	a := newManager(t, 1)
+	c := newManager(t, 3)
+	fb := &fakeApplier{}
+	b := newManager(t, 2, func(cf *Config) { cf.Peers = []string{endpoint(a), endpoint(c)} })
+	if err := b.Start(fb); err != nil {
+		t.Fatal(err)
+	}
+	link(t, a, fb)
+	link(t, c, fb)
+	a.PublishSlot(part, 16, admission("from-a"))
+	c.PublishSlot(part, 16, admission("from-c"))
+	eventually(t, "both admissions", func() bool { return fb.has("from-a") && fb.has("from-c") })
+	if err := b.DeregisterPeer(endpoint(a)); err != nil {
+		t.Fatal(err)
+	}
+	if got := fb.forgotten(); !slices.Equal(got, []uint64{1}) {
+		t.Fatalf("ForgetReplica calls %v, want [1] (only the departed replica)", got)
+	}
+	if fb.has("from-a") || !fb.has("from-c") {
+		t.Fatalf("after a left: from-a kept %v, from-c kept %v", fb.has("from-a"), fb.has("from-c"))
+	}
+	if !b.departedBefore(1, time.Now().Add(-time.Second)) || b.departedBefore(3, time.Now().Add(-time.Second)) {
+		t.Fatal("an admission received from a before it left would still be applied, or c's would be dropped")
+	}
+}
+
+func TestRegisteredPeersAreBounded(t *testing.T) {
+	m := newManager(t, 1)
+	for i := range MaxPeers {
+		if _, err := m.RegisterPeer(fmt.Sprintf("tcp://10.0.%d.%d:9092", i/250, i%250)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := m.RegisterPeer("tcp://10.9.9.9:9092"); !errors.Is(err, ErrTooManyPeers) {
+		t.Fatalf("peer %d: %v, want ErrTooManyPeers", MaxPeers+1, err)
+	}
+	if added, err := m.RegisterPeer("tcp://10.0.0.0:9092"); added || err != nil {
+		t.Fatalf("re-registering a known peer at the limit: %v, %v", added, err)
+	}
 }

@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +19,30 @@ type peer struct {
 	cancel    context.CancelFunc
 	done      chan struct{}
 	connected atomic.Bool
+
+	mu      sync.Mutex
+	origins map[uint64]struct{} // router_ids whose slot events arrived through this peer
+}
+
+// noteOrigin remembers that origin's slot events arrive through p.
+func (p *peer) noteOrigin(origin uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.origins == nil {
+		p.origins = map[uint64]struct{}{}
+	}
+	p.origins[origin] = struct{}{}
+}
+
+// seenOrigins returns the router_ids noted by noteOrigin.
+func (p *peer) seenOrigins() []uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]uint64, 0, len(p.origins))
+	for o := range p.origins {
+		out = append(out, o)
+	}
+	return out
 }
 
 // stop ends the peer's goroutine (if it runs) and waits for it; its socket is closed on return.
@@ -63,6 +88,7 @@ func (m *Manager) runPeer(ctx context.Context, p *peer) {
 		m.connected.Add(1)
 		lg.Info().Msg("replica peer connected")
 		attempt, backoff = 0, m.cfg.ReconnectMin
+		var last uint64 // the origin noted last: a peer normally carries one
 		for {
 			msg, rerr := sock.Recv()
 			if rerr != nil {
@@ -72,7 +98,10 @@ func (m *Manager) runPeer(ctx context.Context, p *peer) {
 			if msg.Type == zmq4.CmdMsg {
 				continue
 			}
-			m.receive(msg.Frames)
+			if o := m.receive(msg.Frames); o != 0 && o != last {
+				p.noteOrigin(o)
+				last = o
+			}
 		}
 		p.connected.Store(false)
 		m.connected.Add(-1)

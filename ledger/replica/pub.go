@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
+
+	"github.com/kvepp/kvepp/internal/zmqtcp"
 )
 
 // Bounds of the PUB socket.
@@ -111,7 +113,7 @@ func (p *publisher) accept() {
 func (p *publisher) serve(raw net.Conn) {
 	defer p.wg.Done()
 	_ = raw.SetDeadline(time.Now().Add(handshakeTimeout))
-	conn, err := zmq4.Open(raw, null.Security(), zmq4.Pub, zmq4.SocketIdentity(""), true, nil)
+	conn, err := zmq4.Open(zmqtcp.LimitFrames(raw), null.Security(), zmq4.Pub, zmq4.SocketIdentity(""), true, nil)
 	if err != nil {
 		_ = raw.Close()
 		return

@@ -47,6 +47,9 @@ const (
 	DropSubscriberFull
 	// DropClosed: published after Close.
 	DropClosed
+	// DropDepartedReplica: an admission from a replica whose peer was deregistered, received
+	// before it left (its mirrors were released then; applying it would leak one until expiry).
+	DropDepartedReplica
 	// NumDropReasons is the number of reasons.
 	NumDropReasons
 )
@@ -55,6 +58,7 @@ var dropNames = [NumDropReasons]string{
 	"malformed", "unknown_topic", "legacy_envelope", "own", "unknown_partition", "block_size_mismatch",
 	"unknown_worker", "unknown_rank", "unknown_reservation", "conflict", "freed_before_admission", "invalid",
 	"affinity_not_applied", "inbound_queue_full", "outbound_queue_full", "subscriber_queue_full", "closed",
+	"departed_replica",
 }
 
 // String returns the reason's metric label.

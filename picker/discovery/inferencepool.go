@@ -590,9 +590,18 @@ func (s *PoolSource) workerOf(id uint64, p *corev1.Pod, ports []int32) poolWorke
 	size := uint32(len(ports))
 	start := uint32(0)
 	kvPort := s.annotatedInt(p, AnnotationKVEventPort, s.cfg.KVEventPort, 65535)
-	if kvPort+len(ports)-1 > 65535 {
-		s.invalidAnnotation(p, AnnotationKVEventPort, strconv.Itoa(kvPort), fmt.Sprintf("ranks up to %d would publish above port 65535", len(ports)-1))
+	if raw, annotated := p.Annotations[AnnotationKVEventPort]; annotated && kvPort != s.cfg.KVEventPort && kvPort+len(ports)-1 > 65535 {
+		s.invalidAnnotation(p, AnnotationKVEventPort, raw, fmt.Sprintf("ranks up to %d would publish above port 65535", len(ports)-1))
 		kvPort = s.cfg.KVEventPort
+	}
+	if kvPort+len(ports)-1 > 65535 {
+		// The pool-wide setting itself overflows for this many ranks: the endpoints are invalid
+		// and the worker stays unschedulable; say so once per rank count, naming the setting.
+		if lk := "\x00setting\x00" + strconv.Itoa(len(ports)); s.annotationLogged[lk] == "" {
+			s.annotationLogged[lk] = "logged"
+			s.log.Error().Int("kv_event_port", kvPort).Int("ranks", len(ports)).
+				Msg("DYN_EPP_KV_EVENT_PORT plus the pool's rank count exceeds port 65535: pods with this many target ports get no valid KV-event endpoints")
+		}
 	}
 	rec := picker.WorkerRecord{
 		WorkerID:              id,
@@ -665,7 +674,7 @@ func (s *PoolSource) annotatedUint(p *corev1.Pod, key string, def uint64) uint64
 	}
 	v, err := strconv.ParseUint(strings.TrimSpace(raw), 10, 64)
 	if err != nil || v == 0 || v > 1<<53 {
-		s.invalidAnnotation(p, key, raw, "want a whole number > 0")
+		s.invalidAnnotation(p, key, raw, "want a whole number in 1..9007199254740992 (2^53)")
 		return def
 	}
 	return v

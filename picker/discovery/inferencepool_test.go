@@ -523,6 +523,35 @@ func TestPoolSourceAnnotations(t *testing.T) {
 	}
 }
 
+// TestPoolSourceKVEventPortNearTheTop: with two ranks a port annotation of 65535 is refused
+// (rank 1 would publish on 65536) and the pool-wide setting is used; when the setting itself
+// overflows, one pool-level message names the setting, not an annotation.
+func TestPoolSourceKVEventPortNearTheTop(t *testing.T) {
+	h := newPoolHarness(t, []client.Object{
+		pool("vllm", 8000, 8001),
+		pod("annotated", "vllm", "10.0.0.1", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationKVEventPort: "65535"} }),
+	})
+	h.waitFor("one worker", func() bool { return len(h.endpoints()) == 1 })
+	w, _ := h.cat.Worker(id("annotated"))
+	if w.KVEventsEndpoints["1"] != "tcp://10.0.0.1:5558" {
+		t.Errorf("rank endpoints %v, want the pool-wide 5557 and 5558", w.KVEventsEndpoints)
+	}
+	if st := h.src.Stats(); st.InvalidAnnotations != 1 || !strings.Contains(h.log.String(), "would publish above port 65535") {
+		t.Errorf("InvalidAnnotations %d, log:\n%s", st.InvalidAnnotations, h.log.String())
+	}
+
+	h2 := newPoolHarness(t, []client.Object{pool("vllm", 8000, 8001), pod("plain", "vllm", "10.0.0.2")},
+		func(c *PoolConfig, _ *fake.ClientBuilder) { c.KVEventPort = 65535 })
+	h2.waitFor("one worker", func() bool { return len(h2.endpoints()) == 1 })
+	logs := h2.log.String()
+	if h2.src.Stats().InvalidAnnotations != 0 || strings.Contains(logs, "invalid pod annotation") {
+		t.Errorf("a pod without annotations was blamed for the setting:\n%s", logs)
+	}
+	if strings.Count(logs, "DYN_EPP_KV_EVENT_PORT plus the pool's rank count exceeds port 65535") != 1 {
+		t.Errorf("want one message naming the setting:\n%s", logs)
+	}
+}
+
 func TestPoolSourceRetry(t *testing.T) {
 	t.Run("a failed apply is retried after the retry interval", func(t *testing.T) {
 		h := newPoolHarness(t, nil, func(c *PoolConfig, _ *fake.ClientBuilder) { c.RetryInterval = 30 * time.Millisecond })

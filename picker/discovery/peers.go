@@ -66,7 +66,10 @@ type Peers struct {
 // PeerWatcher turns the peer Service's EndpointSlices into replica-sync membership: every change
 // re-lists the slices, registers the endpoints that appeared and deregisters the ones it had
 // registered that disappeared (endpoints registered by anyone else — the static list, the HTTP
-// API — are never deregistered by it). Endpoints marked ready: false and POD_IP are excluded.
+// API — are never deregistered by it). POD_IP is excluded, and so are endpoints marked ready:
+// false unless they are terminating: a draining replica stays a replica-sync peer until it leaves
+// the slice, so the Free events of its last streams reach the others (a recovery peer must be
+// ready).
 //
 // It reads through a controller-runtime client.Reader: the shared informer cache of the process's
 // Kube (Kube.WatchPeers triggers it on every slice event and once the cache has synced), or a fake
@@ -302,7 +305,12 @@ func (w *PeerWatcher) peersOf(items []discoveryv1.EndpointSlice) Peers {
 			}
 		}
 		for _, ep := range s.Endpoints {
-			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+			ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
+			// A terminating replica is draining: its streams still end and it publishes their
+			// Free events, so it stays followed until it leaves the slice (then the manager
+			// releases its mirrors). It serves no recovery dump.
+			terminating := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
+			if !ready && !terminating {
 				continue
 			}
 			for _, addr := range ep.Addresses {
@@ -310,7 +318,9 @@ func (w *PeerWatcher) peersOf(items []discoveryv1.EndpointSlice) Peers {
 					continue
 				}
 				rep["tcp://"+net.JoinHostPort(addr, strconv.Itoa(rport))] = true
-				sel["http://"+net.JoinHostPort(addr, strconv.Itoa(hport))] = true
+				if ready {
+					sel["http://"+net.JoinHostPort(addr, strconv.Itoa(hport))] = true
+				}
 			}
 		}
 	}

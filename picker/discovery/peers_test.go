@@ -148,6 +148,29 @@ func TestPeerWatcherFollowsEndpointSlices(t *testing.T) {
 			t.Fatalf("recovery peers %v", got)
 		}
 	})
+	t.Run("a terminating replica stays followed until it leaves the slice, but serves no recovery", func(t *testing.T) {
+		var a discoveryv1.EndpointSlice
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: "a"}, &a); err != nil {
+			t.Fatal(err)
+		}
+		for i := range a.Endpoints {
+			if a.Endpoints[i].Addresses[0] == "10.0.0.2" {
+				a.Endpoints[i].Conditions = discoveryv1.EndpointConditions{Ready: ptr(false), Serving: ptr(false), Terminating: ptr(true)}
+			}
+		}
+		if err := c.Update(ctx, &a); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff([]string{"tcp://10.0.0.2:19092", "tcp://10.0.0.7:19092", "tcp://static:9092"}, sink.list()); d != "" {
+			t.Fatalf("registered (-want +got):\n%s", d)
+		}
+		if got := w.Last().Selection; !slices.Equal(got, []string{"http://10.0.0.7:18092"}) {
+			t.Fatalf("recovery peers %v, want only the ready one", got)
+		}
+	})
 	t.Run("peers registered by others are never deregistered", func(t *testing.T) {
 		for _, name := range []string{"a"} {
 			if err := c.Delete(ctx, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"}}); err != nil {

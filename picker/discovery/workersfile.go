@@ -348,15 +348,20 @@ func (s *FileSource) loop(ctx context.Context) {
 			if err != nil {
 				if sig := invalidSignature(data, err); sig != lastInvalid {
 					lastInvalid = sig
+					// Logged before it is counted, so whoever sees the count also finds the log line.
+					s.log.Error().Err(err).Msg("workers file ignored; keeping the current catalog")
 					s.mu.Lock()
 					s.stats.InvalidFiles++
 					s.mu.Unlock()
-					s.log.Error().Err(err).Msg("workers file ignored; keeping the current catalog")
 				}
 				continue
 			}
+			wasInvalid := lastInvalid != 0
 			lastInvalid = 0
 			if !retry.isPending() && bytes.Equal(data, s.lastContent) {
+				if wasInvalid {
+					s.log.Info().Int("workers", len(recs)).Msg("workers file valid again; it matches the current catalog")
+				}
 				continue
 			}
 			// A newer snapshot supersedes a pending retry.

@@ -383,6 +383,8 @@ func TestFileSource(t *testing.T) {
 			if !strings.Contains(h.logs.String(), "write [] for no workers") {
 				t.Fatalf("no log explaining the refusal:\n%s", h.logs.String())
 			}
+			h.write(twoWorkers)
+			h.waitFor("the fix to be logged", func() bool { return strings.Contains(h.logs.String(), "workers file valid again") })
 			h.write("[]")
 			h.waitEndpoints(map[uint64]string{})
 		})

@@ -536,6 +536,7 @@ func TestValidateReplicaEndpoint(t *testing.T) {
 		{"selector-b:9092", false}, {"udp://h:1", false}, {"tcp://h", false}, {"tcp://:9092", false}, {"tcp://h:65536", false},
 		{"tcp://h:-1", false}, {"tcp://h:x", false}, {"tcp://::1:9092", false}, {"tcp://[::1:9092", false}, {"tcp://[]:1", false},
 		{"ipc://", false}, {"inproc://", false}, {"", false},
+		{"tcp://a@h:1", false}, {"tcp://h\n:1", false}, {"tcp://h :1", false}, {"tcp://" + strings.Repeat("h", 5000) + ":1", false},
 	} {
 		if err := httpapi.ValidateReplicaEndpoint(tc.ep); (err == nil) != tc.ok {
 			t.Errorf("ValidateReplicaEndpoint(%q) = %v, want ok %v", tc.ep, err, tc.ok)

@@ -854,11 +854,23 @@ func (h *Handler) deregisterPeer(w http.ResponseWriter, r *http.Request) {
 	h.reply(w, r, http.StatusOK, okBody, h.replica.DeregisterPeer(ep))
 }
 
+// MaxPeerEndpointBytes bounds a replica-sync peer endpoint (a host name is at most 253 bytes).
+const MaxPeerEndpointBytes = 512
+
 // ValidateReplicaEndpoint checks a replica-sync peer endpoint (selection-service.md §15.5):
 // scheme://address with scheme tcp, ipc or inproc and a non-empty address; tcp needs a non-empty
-// host and a u16 port after the last ':', and an IPv6 host must be bracketed
-// ("tcp://[::1]:9092"). The error names the endpoint.
+// host and a u16 port after the last ':' (as the spec has it, port 0 and host * pass, although
+// they name no peer that can be dialled), and an IPv6 host must be bracketed
+// ("tcp://[::1]:9092"); at most
+// MaxPeerEndpointBytes, without whitespace, control characters or '@'. The error names the
+// endpoint (at most 100 bytes of it).
 func ValidateReplicaEndpoint(ep string) error {
+	if len(ep) > MaxPeerEndpointBytes {
+		return fmt.Errorf("invalid endpoint %q: %d bytes long; the limit is %d bytes", excerpt.Of(ep), len(ep), MaxPeerEndpointBytes)
+	}
+	if i := strings.IndexFunc(ep, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '@' }); i >= 0 {
+		return fmt.Errorf("invalid endpoint %q: contains whitespace, a control character or '@'", excerpt.Of(ep))
+	}
 	scheme, addr, ok := strings.Cut(ep, "://")
 	if !ok {
 		return fmt.Errorf("invalid endpoint %q: expected scheme://address", excerpt.Of(ep))

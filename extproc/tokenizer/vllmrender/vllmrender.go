@@ -126,7 +126,7 @@ func (e *Error) Error() string { return e.Msg }
 // Detail is the message with the underlying cause, which may name the render URL and
 // addresses: for logs, not for clients.
 func (e *Error) Detail() string {
-	if e.err != nil {
+	if e.err != nil && !strings.Contains(e.Msg, excerpt.Clean(e.err.Error(), MaxMessageBytes)) {
 		return e.Msg + ": " + e.err.Error()
 	}
 	return e.Msg

@@ -161,6 +161,12 @@ func TestRenderErrorsMapToStatuses(t *testing.T) {
 			if got := statusOf(err); got != tc.status || !strings.Contains(err.Error(), tc.msg) {
 				t.Fatalf("status %d, error %q; want %d containing %q", got, err, tc.status, tc.msg)
 			}
+			var re *vllmrender.Error
+			if errors.As(err, &re) {
+				if msg := err.Error(); len(msg) > 40 && strings.Count(re.Detail(), msg[len(msg)-40:]) > 1 {
+					t.Fatalf("Detail repeats the cause: %q", re.Detail())
+				}
+			}
 		})
 	}
 	t.Run("an upstream message is bounded and stripped of control characters", func(t *testing.T) {

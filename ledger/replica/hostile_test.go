@@ -1,0 +1,54 @@
+package replica
+
+import (
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/kvepp/kvepp/internal/zmqtcp"
+	"github.com/kvepp/kvepp/internal/zmqtcp/zmqtcptest"
+)
+
+// TestAHostileSubscriberIsDisconnectedAndThePeersKeepReceiving sends the sync port a frame header
+// declaring 1 TiB (without the frame bound zmq4 allocates it and the process aborts): the
+// connection is closed, and a real peer linked afterwards still receives.
+func TestAHostileSubscriberIsDisconnectedAndThePeersKeepReceiving(t *testing.T) {
+	a := newManager(t, 1)
+	before := zmqtcp.OversizedFrames()
+	raw, err := net.Dial("tcp", a.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Write(zmqtcptest.Oversized(1 << 40)); err != nil {
+		t.Fatal(err)
+	}
+	_ = raw.SetReadDeadline(time.Now().Add(deadline))
+	if _, err := io.Copy(io.Discard, raw); err != nil {
+		t.Fatalf("the hostile connection was not closed: %v", err)
+	}
+	if zmqtcp.OversizedFrames() == before {
+		t.Fatal("the oversized frame was not counted")
+	}
+	fb := &fakeApplier{}
+	b := newManager(t, 2, func(c *Config) { c.Peers = []string{endpoint(a)} })
+	if err := b.Start(fb); err != nil {
+		t.Fatal(err)
+	}
+	link(t, a, fb)
+}
+
+// TestAHostilePeerIsNotFollowed points a replica at a "peer" that declares a 1 TiB frame: the
+// replica stays up, counts the frame and keeps retrying, as for any peer that is not reachable.
+func TestAHostilePeerIsNotFollowed(t *testing.T) {
+	before := zmqtcp.OversizedFrames()
+	b := newManager(t, 2, func(c *Config) { c.Peers = []string{"tcp://" + zmqtcptest.ServeOversized(t, 1<<40)} })
+	if err := b.Start(&fakeApplier{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the oversized frame to be refused", func() bool { return zmqtcp.OversizedFrames() > before })
+	if st := b.Stats(); st.PeersConnected != 0 {
+		t.Fatalf("connected to the hostile peer: %+v", st)
+	}
+}
