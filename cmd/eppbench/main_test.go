@@ -452,3 +452,26 @@ func TestMachineWarning(t *testing.T) {
 		t.Fatalf("30 %% lost: %q", w)
 	}
 }
+
+// TestAssumedPrefillRateIsScaledBySpeedup: kvepp runs on the wall clock while the pool's clock
+// runs --speedup times faster, so the assumed prefill rate kvepp gets is 10,000 tokens per
+// simulated second in wall-clock tokens/s; a value a router gives replaces it.
+func TestAssumedPrefillRateIsScaledBySpeedup(t *testing.T) {
+	rc := RunConfig{Speedup: 10, Sim: SimConfig{BlockSize: 16}, KveppEnv: []string{"DYN_ROUTER_TEMPERATURE=0"}}
+	last := func(env []string) string {
+		v := ""
+		for _, kv := range env {
+			if name, val, _ := strings.Cut(kv, "="); name == "DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND" {
+				v = val
+			}
+		}
+		return v
+	}
+	if got := last(rc.kveppSpecFor(Baseline{Name: "kvepp"}, "w.yaml").environ()); got != "100000" {
+		t.Errorf("assumed rate %q, want 100000 (10,000 × speedup 10)", got)
+	}
+	b := Baseline{Name: "kvepp:x", Env: []string{"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=0"}}
+	if got := last(rc.kveppSpecFor(b, "w.yaml").environ()); got != "0" {
+		t.Errorf("assumed rate %q, want the router's 0", got)
+	}
+}
