@@ -148,6 +148,6 @@
 // The engine clock advances by exactly each step's simulated duration; a goroutine that
 // wakes late (a busy machine) makes the next step start at once rather than late, up to
 // 250 ms of simulated time behind the wall clock, and only time beyond that is lost and
-// counted in [Stats.EngineLag]. [Sim] runs the same model in virtual time without
+// counted in [Stats.EngineLag]. [Sim] runs either model in virtual time without
 // sockets or goroutines, for offline replays.
 package enginesim

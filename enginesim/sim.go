@@ -6,17 +6,20 @@ import (
 	"time"
 )
 
-// Sim is the vLLM engine model ([EngineVLLM]) in virtual time: the same scheduler, block pool,
-// prefix cache and step times as a [Worker] on EngineVLLM, without sockets, goroutines or a clock.
-// A driver submits requests at simulated times and applies the engine's steps in time order,
-// getting each step's first tokens, finished requests and KV events; eppbench's --virtual replay
-// drives one Sim per worker to evaluate routers deterministically and much faster than real time.
+// Sim is an engine model in virtual time: with [EngineVLLM] the same scheduler, block pool,
+// prefix cache and step times as a [Worker] on EngineVLLM, with [EngineSimple] the same slots,
+// prefill lane, prefix cache and timing as a Worker on EngineSimple, without sockets, goroutines
+// or a clock. A driver submits requests at simulated times and applies the engine's steps in time
+// order, getting each step's first tokens, finished requests and KV events; eppbench's --virtual
+// replay drives one Sim per worker to evaluate routers deterministically and much faster than
+// real time. With EngineSimple a "step" is one instant at which prefills end or requests finish.
 // Not safe for concurrent use.
 type Sim struct {
 	cfg     Config
 	cache   *prefixCache
-	sched   *vllmScheduler
-	clock   time.Duration // end of the last applied step
+	sched   *vllmScheduler // EngineVLLM
+	simple  *simpleSim     // EngineSimple
+	clock   time.Duration  // end of the last applied step
 	planned bool
 	step    plannedStep
 	end     time.Duration
@@ -36,15 +39,21 @@ type SimStep struct {
 	Events []Event
 }
 
-// NewSim validates cfg as [Start] does (its Engine is taken to be EngineVLLM; the socket, name,
+// NewSim validates cfg as [Start] does (a zero Engine means EngineVLLM here; the socket, name,
 // time-scale and streaming fields are ignored) and returns an idle engine at simulated time 0.
 func NewSim(cfg Config) (*Sim, error) {
-	cfg.Engine = EngineVLLM
+	if cfg.Engine == "" {
+		cfg.Engine = EngineVLLM
+	}
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
 	s := &Sim{cfg: cfg, cache: newPrefixCache(cfg.BlockSize, cfg.CapacityBlocks, cfg.HashSeed)}
+	if cfg.Engine == EngineSimple {
+		s.simple = &simpleSim{cfg: cfg, cache: s.cache}
+		return s, nil
+	}
 	s.sched = newVLLMScheduler(cfg.Profile, cfg.BlockSize, cfg.MaxNumBatchedTokens, cfg.MaxRunning, s.cache)
 	return s, nil
 }
@@ -54,13 +63,20 @@ func (s *Sim) Config() Config { return s.cfg }
 
 // Submit queues a request arriving at simulated time at (at or after the previous Submit and the
 // last applied step's start). If the engine is idle its next step starts at at. Errors: an empty
-// prompt, maxTokens < 1, or a request that can never fit the block pool.
+// prompt, maxTokens < 1, or (EngineVLLM) a request that can never fit the block pool.
 func (s *Sim) Submit(id string, tokens []uint32, maxTokens int, at time.Duration) error {
 	if len(tokens) == 0 {
 		return errors.New("enginesim: prompt has no tokens")
 	}
 	if maxTokens < 1 {
 		return fmt.Errorf("enginesim: request %s: max tokens %d must be ≥ 1", id, maxTokens)
+	}
+	if s.simple != nil {
+		s.simple.waiting = append(s.simple.waiting, &simpleReq{id: id, tokens: tokens, hashes: s.cache.blockHashes(tokens), maxTokens: maxTokens, arrival: at})
+		s.simple.admit(at)
+		s.clock = max(s.clock, at)
+		s.end, s.planned = s.simple.next()
+		return nil
 	}
 	if need := s.sched.blocksFor(len(tokens) + maxTokens); need > s.cfg.CapacityBlocks {
 		return fmt.Errorf("%w: request %s needs %d blocks, the engine has %d", errTooLarge, id, need, s.cfg.CapacityBlocks)
@@ -90,6 +106,9 @@ func (s *Sim) Step() (SimStep, bool) {
 	if !s.planned {
 		return SimStep{}, false
 	}
+	if s.simple != nil {
+		return s.stepSimple(), true
+	}
 	st, end := s.step, s.end
 	res := s.sched.apply(&st, end)
 	s.clock = end
@@ -116,8 +135,35 @@ func (s *Sim) Step() (SimStep, bool) {
 	return out, true
 }
 
+// stepSimple applies the simple engine's state changes due at s.end.
+func (s *Sim) stepSimple() SimStep {
+	end := s.end
+	events, first, finished := s.simple.apply(end)
+	s.clock = end
+	out := SimStep{End: end, Events: events}
+	for _, r := range first {
+		out.FirstTokens = append(out.FirstTokens, r.id)
+	}
+	for _, r := range finished {
+		if r.maxTokens > 1 {
+			s.itl.Add(s.cfg.DecodePerToken, r.maxTokens-1)
+		}
+		out.Finished = append(out.Finished, r.record(&s.cfg))
+	}
+	s.end, s.planned = s.simple.next()
+	return out
+}
+
 // Stats returns the engine's counters (records are the caller's: Step returns them).
 func (s *Sim) Stats() Stats {
+	if p := s.simple; p != nil {
+		st := Stats{
+			Running: p.running(), Waiting: len(p.waiting), PeakRunning: p.peak,
+			BlocksStored: s.cache.stored, BlocksEvicted: s.cache.evicted, ITL: s.itl, Steps: p.changes, BusyTime: p.busy,
+		}
+		st.CachedBlocks, st.PinnedBlocks = s.cache.size()
+		return st
+	}
 	st := Stats{
 		Running: len(s.sched.running), Waiting: len(s.sched.waiting), PeakRunning: s.sched.peak,
 		BlocksStored: s.cache.stored, BlocksEvicted: s.cache.evicted, ITL: s.itl,

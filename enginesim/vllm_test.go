@@ -396,3 +396,77 @@ func TestSimRunsTheEngineModelInVirtualTime(t *testing.T) {
 		t.Errorf("stats: %d steps, %d ITL samples; want 4 and 2", st.Steps, st.ITL.Count())
 	}
 }
+
+// TestSimRunsTheSimpleEngineInVirtualTime replays three requests through the simple engine in
+// virtual time: FIFO running slots, the serial prefill lane, the prefix looked up when the prefill
+// starts, and the timing of Worker.execute.
+func TestSimRunsTheSimpleEngineInVirtualTime(t *testing.T) {
+	s, err := NewSim(Config{
+		Engine: EngineSimple, BlockSize: 4, CapacityBlocks: 100, MaxRunning: 2, SerialPrefill: true,
+		PrefillPerToken: time.Millisecond, PrefillOverhead: 2 * time.Millisecond, DecodePerToken: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := append(seqTokens(0, 20), seqTokens(500, 20)...) // a's first 5 blocks, then its own
+	for _, r := range []struct {
+		id     string
+		tokens []uint32
+		max    int
+		at     time.Duration
+	}{
+		{"a", seqTokens(0, 40), 3, 0},
+		{"b", shared, 1, time.Millisecond},
+		{"c", seqTokens(1000, 8), 1, 2 * time.Millisecond},
+	} {
+		if err := s.Submit(r.id, r.tokens, r.max, r.at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ends []time.Duration
+	var first []string
+	recs := map[string]RequestRecord{}
+	stored := map[string]int{}
+	for {
+		st, ok := s.Step()
+		if !ok {
+			break
+		}
+		ends, first = append(ends, st.End), append(first, st.FirstTokens...)
+		for _, rec := range st.Finished {
+			recs[rec.ID] = rec
+		}
+		for _, ev := range st.Events {
+			if ev.Kind == BlockStored {
+				stored[st.FirstTokens[0]] += len(ev.BlockHashes)
+			}
+		}
+	}
+	ms := time.Millisecond
+	// a: prefill 0–42 ms (2 + 40), tokens at 42, 52, 62. b: waits for the lane, hits a's 5 shared
+	// blocks at 42, prefills 20 tokens to 64. c: waits for a running slot until a finishes at 62,
+	// then for the lane until 64, prefills 8 tokens to 74.
+	if want := []time.Duration{42 * ms, 62 * ms, 64 * ms, 74 * ms}; !slices.Equal(ends, want) {
+		t.Fatalf("state changes at %v, want %v", ends, want)
+	}
+	if !slices.Equal(first, []string{"a", "b", "c"}) {
+		t.Fatalf("first tokens %v", first)
+	}
+	for id, want := range map[string]RequestRecord{
+		"a": {Queue: 0, TTFT: 42 * ms, E2E: 62 * ms, CachedTokens: 0, OutputTokens: 3},
+		"b": {Queue: 41 * ms, TTFT: 63 * ms, E2E: 63 * ms, CachedTokens: 20, OutputTokens: 1},
+		"c": {Queue: 62 * ms, TTFT: 72 * ms, E2E: 72 * ms, CachedTokens: 0, OutputTokens: 1},
+	} {
+		got := recs[id]
+		if got.Queue != want.Queue || got.TTFT != want.TTFT || got.E2E != want.E2E || got.CachedTokens != want.CachedTokens || got.OutputTokens != want.OutputTokens {
+			t.Errorf("%s: queue %v TTFT %v E2E %v cached %d output %d; want %v %v %v %d %d", id,
+				got.Queue, got.TTFT, got.E2E, got.CachedTokens, got.OutputTokens, want.Queue, want.TTFT, want.E2E, want.CachedTokens, want.OutputTokens)
+		}
+	}
+	if stored["a"] != 10 || stored["b"] != 5 || stored["c"] != 2 {
+		t.Errorf("blocks stored per request %v, want a 10, b 5 (after its hit), c 2", stored)
+	}
+	if st := s.Stats(); st.Steps != 4 || st.ITL.Count() != 2 || st.PeakRunning != 2 || st.Running != 0 {
+		t.Errorf("stats: %d state changes, %d ITL samples, peak %d, running %d; want 4, 2, 2, 0", st.Steps, st.ITL.Count(), st.PeakRunning, st.Running)
+	}
+}

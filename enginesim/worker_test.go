@@ -2,7 +2,6 @@ package enginesim
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -212,7 +211,11 @@ func TestPrefixIsLookedUpWhenThePrefillIsScheduled(t *testing.T) {
 	w := startWorker(t, Config{SerialPrefill: true, TimeScale: 1, PrefillOverhead: 100 * time.Millisecond})
 	prompt := seqTokens(0, 64)
 	recs := generateTogether(t, w, prompt, prompt)
-	slices.SortFunc(recs, func(a, b RequestRecord) int { return cmp.Compare(a.Queue, b.Queue) })
+	// Order by prefill start (arrival + queue), not by queue: a goroutine can take its arrival
+	// time and be descheduled before it queues, so on a loaded machine the request that waited
+	// less can be the one prefilled second (this ordering by queue alone was flaky).
+	start := func(r RequestRecord) time.Time { return r.Arrival.Add(r.Queue) }
+	slices.SortFunc(recs, func(a, b RequestRecord) int { return start(a).Compare(start(b)) })
 	if recs[0].CachedTokens != 0 || recs[1].CachedTokens != 48 {
 		t.Fatalf("cached tokens %d then %d, want 0 then 48 (3 of 4 blocks)", recs[0].CachedTokens, recs[1].CachedTokens)
 	}

@@ -320,10 +320,25 @@ type Config struct {
 	// response that is not streamed) when its worker rank has most likely finished it: at
 	// admission + (prefill queued ahead + its own) / the rank's measured prefill rate, the rate
 	// learned from observed completions (streamed first chunks, prefill_complete calls). Without
-	// any measured rate in the partition the booking keeps its prefill until the response ends.
+	// any measured rate in the partition it uses AssumedPrefillTokensPerSecond.
 	// DefaultConfig turns it on; the EPP's DYN_EPP_ESTIMATE_PREFILL_COMPLETION turns it off.
 	EstimatePrefillCompletion bool
+	// AssumedPrefillTokensPerSecond is the prefill rate (tokens/s, finite ≥ 0) the estimate of
+	// EstimatePrefillCompletion uses while neither the worker rank nor its partition has a
+	// measured one — always, when no response is streamed. 0 keeps such a booking's prefill until
+	// its response ends; but then, on traffic that is never streamed, every running request counts
+	// as queued prefill for its whole answer, and the policies see long prefill queues on the
+	// workers that decode the most and move conversations off the workers that cache them.
+	// DefaultConfig sets DefaultAssumedPrefillTokensPerSecond (the EPP's
+	// DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND).
+	AssumedPrefillTokensPerSecond float64
 }
+
+// DefaultAssumedPrefillTokensPerSecond is the default Config.AssumedPrefillTokensPerSecond,
+// tokens/s: the rate predicted-ttft assumes for a worker it has not measured
+// (predictedttft.DefaultPrefillTokensPerSecond), about what one 8B model prefills on one
+// A100/H100-class GPU.
+const DefaultAssumedPrefillTokensPerSecond = 10000
 
 // AffinityPublisher receives the session bindings a replica must share (selection-service.md
 // §12.1, §15.3): each commit and each lease release of partition key. Called outside the
@@ -336,7 +351,8 @@ type AffinityPublisher interface {
 // DefaultConfig returns a Config with DefaultRouterSettings, the built-in policy, the real clock and
 // a disabled logger. KV events are on, so the caller must set EventSource or turn UseKVEvents off.
 func DefaultConfig() Config {
-	return Config{Router: DefaultRouterSettings(), Logger: zerolog.Nop(), EstimatePrefillCompletion: true}
+	return Config{Router: DefaultRouterSettings(), Logger: zerolog.Nop(), EstimatePrefillCompletion: true,
+		AssumedPrefillTokensPerSecond: DefaultAssumedPrefillTokensPerSecond}
 }
 
 // validate checks the service-level settings beyond the router settings.
@@ -355,6 +371,9 @@ func (c *Config) validate() error {
 	}
 	if c.QueueRecheckInterval < 0 {
 		return fmt.Errorf("queue recheck interval must be >= 0, got %v", c.QueueRecheckInterval)
+	}
+	if r := c.AssumedPrefillTokensPerSecond; math.IsNaN(r) || math.IsInf(r, 0) || r < 0 {
+		return fmt.Errorf("assumed prefill rate must be a finite number of tokens/s >= 0, got %v", r)
 	}
 	return nil
 }

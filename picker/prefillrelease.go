@@ -87,18 +87,22 @@ type PrefillEstimate struct {
 	// At is the estimated completion time.
 	At time.Time
 	// TokensPerSecond is the prefill rate used: the rank's measured rate, else the partition's
-	// pooled one.
+	// pooled one, else Config.AssumedPrefillTokensPerSecond.
 	TokensPerSecond float64
 }
 
 // estimatePrefill estimates when booking b finishes its prefill: its admission plus the work
 // queued ahead of it and its own (AheadPrefillTokens + PrefillTokens, tokens) at the rank's
-// measured prefill rate, else at the rate pooled over its partition, stretched by
-// prefillEstimateMargin; ok is false when neither rate is measured yet.
+// measured prefill rate, else at the rate pooled over its partition, else at
+// Config.AssumedPrefillTokensPerSecond, stretched by prefillEstimateMargin; ok is false when
+// no rate is measured and none is assumed.
 func (s *Service) estimatePrefill(b ledger.Booking) (PrefillEstimate, bool) {
 	rate := s.ledger.Load(b.Candidate).PrefillTokensPerSecond
 	if rate <= 0 {
 		rate = s.ledger.PartitionPrefillRate(b.Partition)
+	}
+	if rate <= 0 {
+		rate = s.cfg.AssumedPrefillTokensPerSecond
 	}
 	if rate <= 0 {
 		return PrefillEstimate{}, false
@@ -115,7 +119,7 @@ func (s *Service) estimatePrefill(b ledger.Booking) (PrefillEstimate, bool) {
 const prefillEstimateMargin = 1.25
 
 // schedulePrefillRelease queues the estimated prefill completion of the PrefillUnobserved booking
-// id when Config.EstimatePrefillCompletion is on and a prefill rate is known; otherwise the
+// id when Config.EstimatePrefillCompletion is on and a prefill rate is known or assumed; otherwise the
 // booking keeps its prefill tokens until its caller completes or frees it.
 func (s *Service) schedulePrefillRelease(id string) {
 	if !s.cfg.EstimatePrefillCompletion {

@@ -40,19 +40,52 @@ func trainRate(t *testing.T, s *picker.Service, clk *pickertest.Clock) {
 	}
 }
 
+// releasedAt checks that exactly one estimated release is queued and that it is released at
+// due after now on clk, not a millisecond earlier (advancing clk to due).
+func releasedAt(t *testing.T, s *picker.Service, clk *pickertest.Clock, due time.Duration) {
+	t.Helper()
+	if n := s.PendingPrefillReleases(); n != 1 {
+		t.Fatalf("%d releases queued, want 1", n)
+	}
+	clk.Advance(due - time.Millisecond)
+	if n := s.ReleaseDuePrefills(clk.Now()); n != 0 {
+		t.Fatalf("released %d after %v, before the estimate", n, due-time.Millisecond)
+	}
+	clk.Advance(time.Millisecond)
+	if n := s.ReleaseDuePrefills(clk.Now()); n != 1 {
+		t.Fatalf("released %d at the estimate (%v), want 1", n, due)
+	}
+}
+
 func TestPrefillOfUnobservedResponsesIsReleasedOnTheEstimate(t *testing.T) {
 	clk := pickertest.NewClock(time0)
 	s := newService(t, func(c *picker.Config) { c.Now = clk.Now })
 	mustUpsert(t, s, worker(1))
 	unobserved := func(r *picker.SelectRequest) { r.PrefillUnobserved = true }
 
-	t.Run("without a measured rate the prefill is held until the response ends", func(t *testing.T) {
+	t.Run("without a measured rate the prefill is released at the assumed rate", func(t *testing.T) {
+		// No response streamed yet: 2,000 tokens at the assumed 10,000 tokens/s finish 200 ms
+		// after admission, 250 ms with the 1.25 margin.
+		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(2000), unobserved))
+		if err != nil {
+			t.Fatal(err)
+		}
+		releasedAt(t, s, clk, 250*time.Millisecond)
+		if got := loadOf(t, s, "model", "default", 1, 0).PotentialPrefillTokens; got != 0 {
+			t.Fatalf("active prefill %d after the release, want 0", got)
+		}
+		_ = s.Free(ctxb(), sel.SelectionID)
+	})
+	t.Run("with no assumed rate and none measured the prefill is held until the response ends", func(t *testing.T) {
+		clk := pickertest.NewClock(time0)
+		s := newService(t, func(c *picker.Config) { c.Now = clk.Now; c.AssumedPrefillTokensPerSecond = 0 })
+		mustUpsert(t, s, worker(1))
 		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(2000), unobserved))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n := s.PendingPrefillReleases(); n != 0 {
-			t.Fatalf("%d releases queued without any measured rate", n)
+			t.Fatalf("%d releases queued without any rate", n)
 		}
 		clk.Advance(time.Hour)
 		if n := s.ReleaseDuePrefills(clk.Now()); n != 0 || loadOf(t, s, "model", "default", 1, 0).PotentialPrefillTokens != 2000 {
@@ -74,17 +107,7 @@ func TestPrefillOfUnobservedResponsesIsReleasedOnTheEstimate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := s.PendingPrefillReleases(); n != 1 {
-			t.Fatalf("%d releases queued, want 1", n)
-		}
-		clk.Advance(624 * time.Millisecond)
-		if n := s.ReleaseDuePrefills(clk.Now()); n != 0 {
-			t.Fatalf("released %d after 624 ms, before the estimate", n)
-		}
-		clk.Advance(time.Millisecond)
-		if n := s.ReleaseDuePrefills(clk.Now()); n != 1 {
-			t.Fatalf("released %d at the estimate, want 1", n)
-		}
+		releasedAt(t, s, clk, 625*time.Millisecond)
 		if got := loadOf(t, s, "model", "default", 1, 0).PotentialPrefillTokens; got != 3000 {
 			t.Fatalf("active prefill %d, want only the streamed request's 3,000 left", got)
 		}

@@ -170,6 +170,10 @@ type Config struct {
 	// work queued ahead of it, its own, and the worker's prefill rate learned from streamed
 	// responses; false holds it until the response ends (epp.md §7).
 	EstimatePrefillCompletion Bool `env:"DYN_EPP_ESTIMATE_PREFILL_COMPLETION" envDefault:"true" help:"release the prefill of a non-streamed response on an estimate from measured prefill rates (false = at response end)"`
+	// AssumedPrefillTokensPerSecond is the prefill rate (tokens/s, finite ≥ 0) that estimate
+	// uses while no rate is measured, as when no response is streamed at all; 0 holds the
+	// prefill until the response ends then.
+	AssumedPrefillTokensPerSecond float64 `env:"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND" envDefault:"10000" help:"prefill rate, tokens/s, of that estimate until one is measured (0 = hold to the response end)"`
 
 	// --- router configuration (selection-service.md §19.2) ---
 
@@ -843,6 +847,7 @@ func (c *Config) validateRouter() error {
 		{"DYN_ROUTER_PREFILL_LOAD_SCALE", c.PrefillLoadScale},
 		{"DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", c.DecodeActiveRequestWeight},
 		{"DYN_ROUTER_TEMPERATURE", c.RouterTemperature},
+		{"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND", c.AssumedPrefillTokensPerSecond},
 	}
 	for _, f := range nonNeg {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {

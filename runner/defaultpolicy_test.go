@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/internal/sharedtest"
+	"github.com/kvepp/kvepp/picker"
 )
 
 // TestTheEPPRunsPredictedTTFTAndSelectServiceTheBuiltInCost checks what each mode runs when
@@ -54,17 +55,27 @@ func TestTheEPPRunsPredictedTTFTAndSelectServiceTheBuiltInCost(t *testing.T) {
 	})
 }
 
-func TestPrefillCompletionEstimateSetting(t *testing.T) {
+// TestPrefillCompletionEstimateSettings checks DYN_EPP_ESTIMATE_PREFILL_COMPLETION and
+// DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND: their defaults, values reaching the picker, and bad
+// values refused with the setting's name.
+func TestPrefillCompletionEstimateSettings(t *testing.T) {
 	tok := "DYN_EPP_TOKENIZER_DIR=" + sharedtest.Qwen3TokenizerDir(t)
 	for _, tc := range []struct {
-		env  []string
-		want bool
+		env      string // "" = defaults
+		estimate bool
+		rate     float64
 	}{
-		{[]string{tok}, true},
-		{[]string{tok, "DYN_EPP_ESTIMATE_PREFILL_COMPLETION=false"}, false},
-		{[]string{tok, "DYN_EPP_ESTIMATE_PREFILL_COMPLETION=yes"}, true},
+		{"", true, picker.DefaultAssumedPrefillTokensPerSecond},
+		{"DYN_EPP_ESTIMATE_PREFILL_COMPLETION=false", false, picker.DefaultAssumedPrefillTokensPerSecond},
+		{"DYN_EPP_ESTIMATE_PREFILL_COMPLETION=yes", true, picker.DefaultAssumedPrefillTokensPerSecond},
+		{"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=0", true, 0},
+		{"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=25000", true, 25000},
 	} {
-		cfg, err := LoadConfig(tc.env, nil, io.Discard)
+		env := []string{tok}
+		if tc.env != "" {
+			env = append(env, tc.env)
+		}
+		cfg, err := LoadConfig(env, nil, io.Discard)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,12 +83,15 @@ func TestPrefillCompletionEstimateSetting(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pc.EstimatePrefillCompletion != tc.want {
-			t.Errorf("%v: EstimatePrefillCompletion %v, want %v", tc.env[1:], pc.EstimatePrefillCompletion, tc.want)
+		if pc.EstimatePrefillCompletion != tc.estimate || pc.AssumedPrefillTokensPerSecond != tc.rate {
+			t.Errorf("%q: EstimatePrefillCompletion %v, AssumedPrefillTokensPerSecond %v; want %v, %v",
+				tc.env, pc.EstimatePrefillCompletion, pc.AssumedPrefillTokensPerSecond, tc.estimate, tc.rate)
 		}
 	}
-	_, err := LoadConfig([]string{tok, "DYN_EPP_ESTIMATE_PREFILL_COMPLETION=sometimes"}, nil, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "DYN_EPP_ESTIMATE_PREFILL_COMPLETION") {
-		t.Fatalf("a bad value: %v, want an error naming the setting", err)
+	for _, bad := range []string{"DYN_EPP_ESTIMATE_PREFILL_COMPLETION=sometimes", "DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=-1"} {
+		_, err := LoadConfig([]string{tok, bad}, nil, io.Discard)
+		if name, _, _ := strings.Cut(bad, "="); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: %v, want an error naming the setting", bad, err)
+		}
 	}
 }

@@ -55,6 +55,7 @@ func pickerConfig(cfg Config, registry *catalog.Registry, log zerolog.Logger) (p
 		pc.Policy = res.Factory
 	}
 	pc.EstimatePrefillCompletion = bool(cfg.EstimatePrefillCompletion)
+	pc.AssumedPrefillTokensPerSecond = cfg.AssumedPrefillTokensPerSecond
 	log.Info().Str("policy", res.Name).Str("type", res.Type).Str("selected_by", res.Source).Msg("worker-selection policy resolved")
 	return pc, nil
 }

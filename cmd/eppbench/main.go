@@ -130,7 +130,7 @@ func parseFlags(args []string, stderr io.Writer) (Options, error) {
 	fs.StringVar(&o.Engine, "engine", o.Engine, "simulated engine: vllm (vLLM V1's scheduler: token budget per step, chunked prefill, KV block pool, preemption; timed by --profile) or simple (fixed prefill cost per token on one lane, fixed time per output token)")
 	fs.StringVar(&o.Profile, "profile", o.Profile, "step-time profile of the vllm engine, one of: "+strings.Join(enginesim.ProfileNames(), ", "))
 	fs.IntVar(&o.MaxBatchedTokens, "max-num-batched-tokens", 0, "vllm engine: token budget per step (vLLM max_num_batched_tokens; 0 = the profile's)")
-	fs.BoolVar(&o.Virtual, "virtual", false, "replay in simulated time in-process: kvepp's selection core and policy on a simulated clock against the vllm engine model, no sockets, no wall clock; deterministic and fast, but without the ext_proc/ZeroMQ wire path")
+	fs.BoolVar(&o.Virtual, "virtual", false, "replay in simulated time in-process: kvepp's selection core and policy on a simulated clock against the engine model (--engine), no sockets, no wall clock; deterministic and fast, but without the ext_proc/ZeroMQ wire path")
 	fs.StringVar(&o.Stream, "stream", o.Stream, `responses: "true" (every request streamed), "false" (none), or the fraction of requests streamed, e.g. 0.5`)
 	fs.Float64Var(&o.PrefillUsPerTok, "prefill-us-per-token", o.PrefillUsPerTok, "simple engine: simulated prefill time per uncached prompt token, µs")
 	fs.Float64Var(&o.PrefillOverheadM, "prefill-overhead-ms", o.PrefillOverheadM, "simple engine: simulated fixed prefill time per request, ms")
@@ -217,9 +217,6 @@ func (o *Options) validate() error {
 			return fmt.Errorf("--profile: %w", err)
 		}
 	case enginesim.EngineSimple:
-		if o.Virtual {
-			return errors.New("--virtual needs --engine vllm")
-		}
 		if o.BatchLimit == 0 {
 			o.BatchLimit = simpleBatchLimit
 		}
@@ -390,6 +387,10 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 	for _, v := range PooledLRUReuse(w, o.BlockSize, o.Workers*o.CapacityBlocks) {
 		pooledTokens += v
 	}
+	var optimalTokens int64
+	for _, v := range OptimalReuse(w, o.BlockSize, func(int) int { return o.Workers * o.CapacityBlocks }) {
+		optimalTokens += v
+	}
 
 	workDir := filepath.Join(o.Out, "work")
 	if err := os.MkdirAll(workDir, 0o755); err != nil {
@@ -469,7 +470,8 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 			Name: w.Name, Requests: len(w.Requests), SpanSeconds: w.Span().Seconds(),
 			PromptTokens: prompt, OutputTokens: output, Seed: o.Seed,
 			IdealHitTokens: idealTokens, IdealHitRate: float64(idealTokens) / float64(max(prompt, 1)),
-			PooledLRUHitRate: float64(pooledTokens) / float64(max(prompt, 1)),
+			PooledLRUHitRate:       float64(pooledTokens) / float64(max(prompt, 1)),
+			OptimalEvictionHitRate: float64(optimalTokens) / float64(max(prompt, 1)),
 		},
 		Setup: SetupInfo{
 			Workers: o.Workers, BlockSize: o.BlockSize, CapacityBlocks: o.CapacityBlocks,

@@ -62,7 +62,6 @@ func TestParseFlags(t *testing.T) {
 		{"a bad --stream is refused", []string{"--stream", "sometimes"}, nil, `--stream "sometimes"`},
 		{"an unknown engine is refused", []string{"--engine", "tgi"}, nil, `--engine "tgi"`},
 		{"an unknown profile is refused with the presets", []string{"--profile", "h200"}, nil, "llama-3.1-8b-a100-80gb"},
-		{"--virtual needs the vllm engine", []string{"--virtual", "--engine", "simple"}, nil, "--virtual needs --engine vllm"},
 		{"--skip needs a trace", []string{"--skip", "10"}, nil, "--skip 10"},
 	}
 	for _, tc := range cases {
@@ -312,7 +311,7 @@ func TestWriteTable(t *testing.T) {
 	res.Baselines = append(res.Baselines, BaselineResult{Name: "least-busy:min_device_overlap_blocks=2", Requests: 7, Errors: 7})
 	writeTable(&b, res)
 	out := b.String()
-	for _, want := range []string{"| least-busy:min_device_overlap_blocks=2 | — | — | — |", "| router | hit rate |", "| kvepp | 55.0 % | 92 % | 120 ms |", "| round-robin | 20.0 % | 33 % | 900 ms |", "Ideal reuse (unbounded single cache): 60.0 % of prompt tokens; one LRU cache of the pool's total capacity: 0.0 %"} {
+	for _, want := range []string{"| least-busy:min_device_overlap_blocks=2 | — | — | — |", "| router | hit rate |", "| kvepp | 55.0 % | 92 % | 120 ms |", "| round-robin | 20.0 % | 33 % | 900 ms |", "Ideal reuse (unbounded single cache): 60.0 % of prompt tokens; one cache of the pool's total capacity: 0.0 % with LRU eviction"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
@@ -402,37 +401,44 @@ func TestStreamedChoiceIsFixedPerRequest(t *testing.T) {
 }
 
 // TestVirtualReplay runs the default policy, the built-in cost and round-robin through a short
-// virtual replay: deterministic, every request completed, and kvepp's cache-aware routing ahead of
-// round-robin on hit rate.
+// virtual replay on each engine model: deterministic, every request completed, and kvepp's
+// cache-aware routing ahead of round-robin on hit rate.
 func TestVirtualReplay(t *testing.T) {
-	o, err := parseFlags([]string{"--virtual", "--limit", "150", "--baselines", "kvepp,kvepp-dynamo,round-robin", "--stream", "0.5", "--out", t.TempDir()}, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := func() *Result {
-		res, err := Run(t.Context(), o, nil, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
-	}
-	a, b := run(), run()
-	for i, br := range a.Baselines {
-		if br.Completed != 150 || br.Errors != 0 {
-			t.Fatalf("%s: %d completed, %d errors: %v", br.Name, br.Completed, br.Errors, br.FirstErrors)
-		}
-		if br.HitRate != b.Baselines[i].HitRate || br.TTFTms != b.Baselines[i].TTFTms {
-			t.Fatalf("%s: two runs differ: %+v vs %+v", br.Name, br.TTFTms, b.Baselines[i].TTFTms)
-		}
-		if br.TTFTStreamedMs == nil || br.TTFTNonStreamedMs == nil || br.ITLms.P50 <= 0 || br.E2Ems.P50 <= br.TTFTms.P50 {
-			t.Fatalf("%s: latency figures missing: %+v", br.Name, br)
-		}
-	}
-	if kv, rr := a.Baselines[0], a.Baselines[2]; kv.HitRate <= rr.HitRate {
-		t.Fatalf("kvepp hit %.3f ≤ round-robin %.3f", kv.HitRate, rr.HitRate)
-	}
-	if p := a.Setup.Profile; p == nil || p.Name != "llama-3.1-8b-a100-80gb" || !a.Setup.Virtual {
-		t.Fatalf("setup %+v", a.Setup)
+	for _, engine := range []string{"vllm", "simple"} {
+		t.Run("engine "+engine, func(t *testing.T) {
+			o, err := parseFlags([]string{"--virtual", "--engine", engine, "--limit", "150", "--baselines", "kvepp,kvepp-dynamo,round-robin", "--stream", "0.5", "--out", t.TempDir()}, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			run := func() *Result {
+				res, err := Run(t.Context(), o, nil, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			a, b := run(), run()
+			for i, br := range a.Baselines {
+				if br.Completed != 150 || br.Errors != 0 {
+					t.Fatalf("%s: %d completed, %d errors: %v", br.Name, br.Completed, br.Errors, br.FirstErrors)
+				}
+				if br.HitRate != b.Baselines[i].HitRate || br.TTFTms != b.Baselines[i].TTFTms {
+					t.Fatalf("%s: two runs differ: %+v vs %+v", br.Name, br.TTFTms, b.Baselines[i].TTFTms)
+				}
+				if br.TTFTStreamedMs == nil || br.TTFTNonStreamedMs == nil || br.ITLms.P50 <= 0 || br.E2Ems.P50 <= br.TTFTms.P50 {
+					t.Fatalf("%s: latency figures missing: %+v", br.Name, br)
+				}
+			}
+			if kv, rr := a.Baselines[0], a.Baselines[2]; kv.HitRate <= rr.HitRate {
+				t.Fatalf("kvepp hit %.3f ≤ round-robin %.3f", kv.HitRate, rr.HitRate)
+			}
+			if !a.Setup.Virtual || a.Setup.Engine != engine {
+				t.Fatalf("setup %+v", a.Setup)
+			}
+			if p := a.Setup.Profile; engine == "vllm" && (p == nil || p.Name != "llama-3.1-8b-a100-80gb") {
+				t.Fatalf("setup profile %+v", p)
+			}
+		})
 	}
 }
 
@@ -444,5 +450,28 @@ func TestMachineWarning(t *testing.T) {
 	b.EngineLagSeconds = 8 * 30
 	if w := machineWarning(b, 8); !strings.Contains(w, "lost 30 %") {
 		t.Fatalf("30 %% lost: %q", w)
+	}
+}
+
+// TestAssumedPrefillRateIsScaledBySpeedup: kvepp runs on the wall clock while the pool's clock
+// runs --speedup times faster, so the assumed prefill rate kvepp gets is 10,000 tokens per
+// simulated second in wall-clock tokens/s; a value a router gives replaces it.
+func TestAssumedPrefillRateIsScaledBySpeedup(t *testing.T) {
+	rc := RunConfig{Speedup: 10, Sim: SimConfig{BlockSize: 16}, KveppEnv: []string{"DYN_ROUTER_TEMPERATURE=0"}}
+	last := func(env []string) string {
+		v := ""
+		for _, kv := range env {
+			if name, val, _ := strings.Cut(kv, "="); name == "DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND" {
+				v = val
+			}
+		}
+		return v
+	}
+	if got := last(rc.kveppSpecFor(Baseline{Name: "kvepp"}, "w.yaml").environ()); got != "100000" {
+		t.Errorf("assumed rate %q, want 100000 (10,000 × speedup 10)", got)
+	}
+	b := Baseline{Name: "kvepp:x", Env: []string{"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=0"}}
+	if got := last(rc.kveppSpecFor(b, "w.yaml").environ()); got != "0" {
+		t.Errorf("assumed rate %q, want the router's 0", got)
 	}
 }

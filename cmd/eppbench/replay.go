@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/kvepp/kvepp/enginesim"
 	"github.com/kvepp/kvepp/enginesim/frontproxy"
+	"github.com/kvepp/kvepp/picker"
 	"github.com/kvepp/kvepp/runner"
 	"github.com/zeebo/xxh3"
 )
@@ -203,6 +203,20 @@ func (rc RunConfig) workersFile(b Baseline) string {
 	return filepath.Join(rc.WorkDir, "workers-"+fileSlug(b.Name)+".yaml")
 }
 
+// scaledAssumedRate is kvepp's default DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND (tokens per
+// second of kvepp's wall clock) for a pool whose simulated clock runs speedup times faster:
+// 10,000 tokens per simulated second, as the EPP assumes on real hardware. Unscaled, a non-streamed
+// booking would be released speedup times later than the default intends. It comes first among
+// the extra settings, so a value given with --kvepp-env or a router's settings replaces it (as
+// written, in wall-clock tokens/s).
+func scaledAssumedRate(speedup float64) []string {
+	if speedup <= 0 {
+		return nil
+	}
+	return []string{"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=" +
+		strconv.FormatFloat(picker.DefaultAssumedPrefillTokensPerSecond*speedup, 'f', -1, 64)}
+}
+
 // kveppSpecFor is the kvepp configuration of baseline b in this run, with workersFile as its
 // workers file.
 func (rc RunConfig) kveppSpecFor(b Baseline, workersFile string) kveppSpec {
@@ -218,7 +232,7 @@ func (rc RunConfig) kveppSpecFor(b Baseline, workersFile string) kveppSpec {
 		ApproxTTL:    time.Duration(float64(120*time.Second) / rc.Speedup),
 		LogLevel:     rc.LogLevel,
 		LogFile:      filepath.Join(rc.WorkDir, "kvepp-"+slug+".log"),
-		Extra:        append(slices.Clip(rc.KveppEnv), b.Env...),
+		Extra:        append(append(scaledAssumedRate(rc.Speedup), rc.KveppEnv...), b.Env...),
 		CPUProfile:   profilePath(rc.KveppProfileDir, slug),
 	}
 }

@@ -379,21 +379,16 @@ func PooledLRUReuse(w *Workload, blockSize, capacityBlocks int) []int64 {
 	}
 	lru := list.New() // front = least recently used
 	where := make(map[uint64]*list.Element, capacityBlocks)
+	var ids []uint64
 	for i := range w.Requests {
 		r := &w.Requests[i]
 		maxHit := 0
 		if r.InputTokens > 0 {
 			maxHit = (r.InputTokens - 1) / blockSize
 		}
-		full := r.InputTokens / blockSize
-		hits, seg, off, missed := 0, 0, 0, false
-		for b := 0; b < full; b++ {
-			end := (b + 1) * blockSize
-			for off+r.Segments[seg].Len < end {
-				off += r.Segments[seg].Len
-				seg++
-			}
-			id := splitmix64(r.Segments[seg].Key ^ uint64(end-off)*0x9e3779b97f4a7c15)
+		ids = blockIDs(ids[:0], r, blockSize)
+		hits, missed := 0, false
+		for b, id := range ids {
 			if e, ok := where[id]; ok {
 				if !missed && b < maxHit {
 					hits++

@@ -277,3 +277,46 @@ func TestPooledLRUReuse(t *testing.T) {
 		})
 	}
 }
+
+func TestOptimalReuse(t *testing.T) {
+	// Prompts of 4 blocks: A, B, A, B, A.
+	w := &Workload{}
+	for _, k := range []uint64{1, 2, 1, 2, 1} {
+		w.Requests = append(w.Requests, Request{Segments: []Segment{seg(k, 64)}, InputTokens: 64})
+	}
+	cases := []struct {
+		name     string
+		capacity func(i int) int
+		want     []int64
+	}{
+		// With room for one prompt, keeping A (needed at request 2) beats taking B (needed at 3),
+		// and B is never cached, so every A after the first hits: 2 of 5 requests, where LRU
+		// (which always takes the newest prompt) hits none.
+		{"one prompt's room keeps the prompt needed first", func(int) int { return 4 }, []int64{0, 0, 64, 0, 64}},
+		{"room for both keeps both", func(int) int { return 8 }, []int64{0, 0, 64, 64, 64}},
+		{"no room caches nothing", func(int) int { return 0 }, []int64{0, 0, 0, 0, 0}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := OptimalReuse(w, 16, tc.capacity); !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+	t.Run("capacity that shrinks to nothing evicts everything", func(t *testing.T) {
+		capacity := func(i int) int {
+			if i == 2 {
+				return 0
+			}
+			return 8
+		}
+		// Request 2 finds nothing and caches nothing; B is gone by request 3; request 4's A was
+		// not cached at request 2, so it misses too.
+		if got, want := OptimalReuse(w, 16, capacity), []int64{0, 0, 0, 0, 0}; !reflect.DeepEqual(got, want) {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	})
+	if lru := PooledLRUReuse(w, 16, 4); !reflect.DeepEqual(lru, []int64{0, 0, 0, 0, 0}) {
+		t.Fatalf("LRU with one prompt's room: %v, want no hits", lru)
+	}
+}

@@ -18,12 +18,23 @@
 // exceed its total_kv_blocks, the overflow at the same rate.
 //
 // DelayAwarePicker then adds what the choice costs the requests that come next. The request's
-// own prefill (uncached_w / rate_w seconds of the worker's time) delays every request that
-// arrives at the worker before its queue drains, about arrivals_per_worker × ttft_w of them,
-// where arrivals_per_worker is the pool's measured booking rate over its candidates:
+// own prefill (uncached_w / rate_w seconds of the worker's time) delays the requests that arrive
+// before that work is absorbed, about arrivals_per_worker × horizon_w of them, where
+// arrivals_per_worker is the pool's measured booking rate over its candidates:
 //
-//	cost_w = ttft_w + delay_weight · (uncached_w / rate_w) · arrivals_per_worker · ttft_w
-//	              + recompute_weight · (uncached_w − min_v uncached_v) / rate_w
+//	cost_w    = ttft_w + delay_weight · (uncached_w / rate_w) · arrivals_per_worker · horizon_w
+//	                   + recompute_weight · (uncached_w − min_v uncached_v) / rate_w
+//	horizon_w = max(ttft_w, median_v ttft_v)
+//
+// The horizon is at least the pool's typical backlog, not only the chosen worker's own: a
+// balancing router sends the next arrivals to whichever worker is lightest, so work added to an
+// idle worker is not absorbed by that worker's idleness but pushes the pool's backlog back for
+// as long as the typical worker needs to drain it. Charging it only at the idle worker's own TTFT
+// made recomputing a conversation's history on an idle worker look almost free, and the policy
+// left the worker that cached it whenever that worker was slightly busier. The median (the lower
+// one for an even count), not the mean, keeps one overloaded worker from raising everyone's
+// horizon: a mean would make recompute look dearer the hotter the hot worker got, and keep
+// routing to it.
 //
 // On a quiet pool the charge is small and the policy picks the fastest first token; as traffic
 // grows, work placed on a worker that caches less of the request costs more, so conversations stay
@@ -202,7 +213,8 @@ func (s *TTFTScorer) Score(ctx *policies.WorkerSelectionContext, c *policies.Wor
 }
 
 // DelayAwarePicker picks the row with the lowest cost (package documentation): the scorers' cost
-// (the predicted TTFT) plus the delay the request's prefill imposes on later arrivals and, with
+// (the predicted TTFT) plus the delay the request's prefill imposes on later arrivals (over a
+// horizon of at least the candidates' median predicted TTFT) and, with
 // RecomputeWeight, the prefill the pool redoes; near ties go to the lightest decode load, exact
 // ties uniformly at random. It declares CACHE | LOAD and reuses its buffers, so it allocates only
 // when the candidate count grows.
@@ -212,6 +224,51 @@ type DelayAwarePicker struct {
 	uncached []float64
 	total    []float64
 	rates    []float64
+	ttfts    []float64 // the candidates' predicted TTFT, reordered to find the median
+}
+
+// nthSmallest returns the k-th smallest value of a (0-based, 0 ≤ k < len(a)), reordering a in
+// place: a quickselect (Hoare partition around the median of three) that takes O(len(a)) time on
+// average, where sorting for the median doubled the policy's time at 10,000 candidates.
+func nthSmallest(a []float64, k int) float64 {
+	lo, hi := 0, len(a)-1
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		// Median of three as the pivot: sorted or constant inputs stay linear.
+		if a[mid] < a[lo] {
+			a[mid], a[lo] = a[lo], a[mid]
+		}
+		if a[hi] < a[lo] {
+			a[hi], a[lo] = a[lo], a[hi]
+		}
+		if a[hi] < a[mid] {
+			a[hi], a[mid] = a[mid], a[hi]
+		}
+		pivot := a[mid]
+		i, j := lo, hi
+		for i <= j {
+			for a[i] < pivot {
+				i++
+			}
+			for a[j] > pivot {
+				j--
+			}
+			if i <= j {
+				a[i], a[j] = a[j], a[i]
+				i++
+				j--
+			}
+		}
+		switch {
+		case k <= j:
+			hi = j
+		case k >= i:
+			lo = i
+		default:
+			return a[k]
+		}
+	}
+	return a[k]
 }
 
 var _ policies.WorkerPicker = (*DelayAwarePicker)(nil)
@@ -229,7 +286,7 @@ func (p *DelayAwarePicker) Pick(ctx *policies.WorkerSelectionContext, view *poli
 	if n == 0 {
 		return 0, policies.Failed(TypeName + ": no eligible worker")
 	}
-	p.uncached, p.total, p.rates = p.uncached[:0], p.total[:0], p.rates[:0]
+	p.uncached, p.total, p.rates, p.ttfts = p.uncached[:0], p.total[:0], p.rates[:0], p.ttfts[:0]
 	least := math.Inf(1)
 	for row := 0; row < n; row++ {
 		cache, load := view.Cache(row), view.Load(row)
@@ -239,8 +296,11 @@ func (p *DelayAwarePicker) Pick(ctx *policies.WorkerSelectionContext, view *poli
 		u := p.Params.uncached(ctx, cache, load)
 		p.uncached = append(p.uncached, u)
 		p.rates = append(p.rates, p.Params.rate(load))
+		p.ttfts = append(p.ttfts, rows[row].Cost())
 		least = min(least, u)
 	}
+	// The pool's typical predicted TTFT: the (lower) median over the candidates.
+	typical := nthSmallest(p.ttfts, (n-1)/2)
 	best, bestRow := math.Inf(1), 0
 	for row := 0; row < n; row++ {
 		load := view.Load(row)
@@ -252,7 +312,8 @@ func (p *DelayAwarePicker) Pick(ctx *policies.WorkerSelectionContext, view *poli
 		}
 		ttft := rows[row].Cost()
 		own := p.uncached[row] / r
-		c := ttft + p.Params.DelayWeight*own*perWorker*ttft + p.Params.RecomputeWeight*(p.uncached[row]-least)/r
+		horizon := max(ttft, typical)
+		c := ttft + p.Params.DelayWeight*own*perWorker*horizon + p.Params.RecomputeWeight*(p.uncached[row]-least)/r
 		p.total = append(p.total, c)
 		if c < best {
 			best, bestRow = c, row

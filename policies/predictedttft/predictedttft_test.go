@@ -125,6 +125,34 @@ func TestPredictedTTFTDecisions(t *testing.T) {
 			t.Fatalf("got worker %d, want worker 1, which holds the history", got)
 		}
 	})
+	// A conversation of 5,000 tokens, 4,000 of them cached on worker 1 behind 10,000 queued
+	// tokens (1.1 s); worker 2 is idle but must prefill all 5,000 (0.5 s). One request/s per
+	// worker.
+	home, idle := worker(1, 10000, 4000/bs), worker(2, 0, 0)
+	t.Run("the recompute is charged over the pool's typical backlog, not the idle worker's", func(t *testing.T) {
+		// Three more workers each 2.5 s behind: the median predicted TTFT is 2.5 s. Worker 2's
+		// 0.5 s of recompute delays the arrivals of that horizon (0.5 + 0.5 × 2.5 = 1.75 s),
+		// more than the 0.25 s worker 1's own 0.1 s of prefill costs them (1.1 + 0.25 = 1.35 s).
+		// Charged over worker 2's own 0.5 s it would look cheaper (0.75 s) and leave the cache.
+		busy := func(id uint64) policytest.Candidate { return worker(id, 20000, 0) }
+		src := withArrivals(policytest.Source{home, idle, busy(3), busy(4), busy(5)}, 5)
+		for i := 0; i < 20; i++ {
+			if got := pick(t, pol, 5000, rng, src); got != 1 {
+				t.Fatalf("got worker %d, want worker 1, which holds the history", got)
+			}
+		}
+	})
+	t.Run("one overloaded worker does not raise the horizon", func(t *testing.T) {
+		// A third worker 20 s behind is the maximum, not the median (1.1 s): worker 2 costs
+		// 0.5 + 0.5 × 1.1 = 1.05 s, worker 1 1.1 + 0.1 × 1.1 = 1.21 s. A mean horizon (7.4 s)
+		// would keep the request on worker 1 however hot the third worker got.
+		src := withArrivals(policytest.Source{home, idle, worker(3, 200000, 0)}, 3)
+		for i := 0; i < 20; i++ {
+			if got := pick(t, pol, 5000, rng, src); got != 2 {
+				t.Fatalf("got worker %d, want the idle worker 2", got)
+			}
+		}
+	})
 	t.Run("recompute_weight charges the prefill the pool redoes", func(t *testing.T) {
 		sticky := policytest.NewPolicy(t, predictedttft.Provider, `{"recompute_weight": 2}`)
 		if got := pick(t, sticky, 16000, rng, withArrivals(conversation, 0)); got != 1 {
