@@ -92,6 +92,10 @@ type Server struct {
 
 	inflight atomic.Int64
 	bufPool  sync.Pool
+
+	// destMD and destMDCount are destinationMetadata's cache of routing-reply metadata.
+	destMD      sync.Map
+	destMDCount atomic.Int64
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
