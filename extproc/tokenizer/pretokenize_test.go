@@ -151,3 +151,23 @@ func TestLowercaseNormalizer(t *testing.T) {
 		})
 	}
 }
+
+// TestASCIIWordEndIsTheScannersFirstCase: wherever asciiWordEnd cuts a piece, the Qwen2 and
+// Llama 3 scanners cut the same one (it is their first case, inlined into the encoder).
+func TestASCIIWordEndIsTheScannersFirstCase(t *testing.T) {
+	texts := []string{
+		"Hello world, it's  a test\n\n  of   words;x y", " a", "a", " ", "  b", "ab\u00e9cd", " ab\u00e9", "x1 y2",
+		"don't stop", "\tword", "A\u0301b", "ab's", "\r\nline", "end.", "MiXeD CaSe wordsGoOn",
+	}
+	for _, s := range texts {
+		for i := 0; i < len(s); i++ {
+			j := asciiWordEnd(s, i)
+			if j < 0 {
+				continue
+			}
+			if q, l := scanQwen2(s, i), scanLlama3(s, i); j != q || j != l {
+				t.Fatalf("%q at %d: asciiWordEnd %d, scanQwen2 %d, scanLlama3 %d", s, i, j, q, l)
+			}
+		}
+	}
+}
