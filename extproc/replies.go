@@ -1,6 +1,9 @@
 package extproc
 
 import (
+	"sync"
+	"sync/atomic"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -76,22 +79,38 @@ func (h *headerSetter) set(key, value string) {
 	h.out = append(h.out, o)
 }
 
-// maxCachedDestinations bounds destinationMetadata's cache (destinations are worker endpoints, or
-// lists of them with fallbacks).
-const maxCachedDestinations = 4096
+// maxCachedKeys bounds a keyCache: its keys are worker endpoints, or destination lists of them
+// with fallbacks.
+const maxCachedKeys = 4096
+
+// keyCache memoizes a pure function of a string (worker endpoint → host:port, destination →
+// its routing metadata) for up to maxCachedKeys keys; results with an error are not kept. Values
+// are shared between streams and never modified.
+type keyCache[V any] struct {
+	m sync.Map
+	n atomic.Int64
+}
+
+// get returns f(k), computed once per key while the cache has room.
+func (c *keyCache[V]) get(k string, f func(string) (V, error)) (V, error) {
+	if v, ok := c.m.Load(k); ok {
+		return v.(V), nil
+	}
+	v, err := f(k)
+	if err == nil {
+		if c.n.Add(1) <= maxCachedKeys {
+			c.m.Store(k, v)
+		} else {
+			c.n.Add(-1)
+		}
+	}
+	return v, err
+}
 
 // destinationMetadata returns lbMetadata(dest), shared between the streams routed to dest: a
 // message that is never modified can be marshalled by any number of streams at once. The caller
-// must not modify it (decisionMetadata gets a fresh one).
+// must not modify it (decision metadata gets a fresh one).
 func (s *Server) destinationMetadata(dest string) *structpb.Struct {
-	if md, ok := s.destMD.Load(dest); ok {
-		return md.(*structpb.Struct)
-	}
-	md := lbMetadata(dest)
-	if s.destMDCount.Add(1) <= maxCachedDestinations {
-		s.destMD.Store(dest, md)
-	} else {
-		s.destMDCount.Add(-1)
-	}
+	md, _ := s.destMD.get(dest, func(d string) (*structpb.Struct, error) { return lbMetadata(d), nil })
 	return md
 }

@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"bytes"
+	"strconv"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -62,5 +63,37 @@ func TestRoutingMutationAllocations(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { _ = s.destinationMetadata(st.dest) }); n != 0 {
 		t.Errorf("%v allocations per cached destination metadata, want 0", n)
+	}
+}
+
+// TestRankAddressIsMemoized: rankAddress gives endpointHostPort's answer, from the cache without
+// allocating once seen; errors are never cached, and past maxCachedKeys keys answers are still
+// computed (just not kept).
+func TestRankAddressIsMemoized(t *testing.T) {
+	s := &Server{}
+	for _, ep := range []string{"http://10.0.0.1:8000", "http://[::1]:8001", "https://example.com", "10.0.0.2:9000"} {
+		want, _ := endpointHostPort(ep)
+		for i := 0; i < 2; i++ {
+			if got, err := s.rankAddress(ep); err != nil || got != want {
+				t.Fatalf("%q: got %q, %v; want %q", ep, got, err, want)
+			}
+		}
+		if n := testing.AllocsPerRun(100, func() { _, _ = s.rankAddress(ep) }); n != 0 {
+			t.Errorf("%q: %v allocations per cached rank address, want 0", ep, n)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := s.rankAddress("http://:80"); err == nil {
+			t.Fatal("an endpoint without a host gave no error")
+		}
+	}
+	for i := 0; i < maxCachedKeys+10; i++ {
+		ep := "10.1.0.1:" + strconv.Itoa(10000+i)
+		if got, err := s.rankAddress(ep); err != nil || got != ep {
+			t.Fatalf("%q: got %q, %v", ep, got, err)
+		}
+	}
+	if n := s.rankAddrs.n.Load(); n != maxCachedKeys {
+		t.Fatalf("%d keys cached, want the bound %d", n, maxCachedKeys)
 	}
 }

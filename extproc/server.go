@@ -13,6 +13,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvepp/kvepp/picker"
 )
@@ -93,9 +94,10 @@ type Server struct {
 	inflight atomic.Int64
 	bufPool  sync.Pool
 
-	// destMD and destMDCount are destinationMetadata's cache of routing-reply metadata.
-	destMD      sync.Map
-	destMDCount atomic.Int64
+	// destMD is destinationMetadata's cache of routing-reply metadata; rankAddrs rankAddress's
+	// of worker endpoints' host:port.
+	destMD    keyCache[*structpb.Struct]
+	rankAddrs keyCache[string]
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
