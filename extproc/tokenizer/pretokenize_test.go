@@ -159,6 +159,17 @@ func TestASCIIWordEndIsTheScannersFirstCase(t *testing.T) {
 		"Hello world, it's  a test\n\n  of   words;x y", " a", "a", " ", "  b", "ab\u00e9cd", " ab\u00e9", "x1 y2",
 		"don't stop", "\tword", "A\u0301b", "ab's", "\r\nline", "end.", "MiXeD CaSe wordsGoOn",
 	}
+	// And random strings over the characters that decide the case: spaces, ASCII and other
+	// letters, marks, digits, quotes, punctuation, line breaks.
+	alphabet := []string{" ", " ", "a", "Z", "q", "é", "\u0301", "ж", "1", "'", ".", "\n", "\t", "🚀"}
+	rng := rand.New(rand.NewSource(15))
+	for n := 0; n < 2000; n++ {
+		var b strings.Builder
+		for k := rng.Intn(24); k >= 0; k-- {
+			b.WriteString(alphabet[rng.Intn(len(alphabet))])
+		}
+		texts = append(texts, b.String())
+	}
 	for _, s := range texts {
 		for i := 0; i < len(s); i++ {
 			j := asciiWordEnd(s, i)
