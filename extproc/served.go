@@ -15,7 +15,9 @@ import (
 // catalog names for it (picker.Selection.Endpoint is already the rank's endpoint: a discovered
 // pod serves rank r on its targetPorts[r], epp.md §5.6 step 6, §10.3), so ext_proc and the
 // selection API always name the same destination.
-func (s *Server) rankAddress(endpoint string) (string, error) { return endpointHostPort(endpoint) }
+func (s *Server) rankAddress(endpoint string) (string, error) {
+	return s.rankAddrs.get(endpoint, endpointHostPort)
+}
 
 // servedRank resolves the endpoint a gateway reports as served ("ip:port") to a worker rank of
 // the booking's partition by matching each rank's endpoint in the catalog

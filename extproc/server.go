@@ -13,6 +13,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvepp/kvepp/picker"
 )
@@ -92,6 +93,11 @@ type Server struct {
 
 	inflight atomic.Int64
 	bufPool  sync.Pool
+
+	// destMD is destinationMetadata's cache of routing-reply metadata; rankAddrs rankAddress's
+	// of worker endpoints' host:port.
+	destMD    keyCache[*structpb.Struct]
+	rankAddrs keyCache[string]
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)

@@ -957,18 +957,17 @@ func (st *stream) send(r *extprocv3.ProcessingResponse) error { return st.ps.Sen
 
 // routingMutation builds the header mutation of epp.md §5.9 / §5.10.
 func (st *stream) routingMutation(d *decision) *extprocv3.HeaderMutation {
-	set := make([]*corev3.HeaderValueOption, 0, 6)
-	set = append(set,
-		setHeader(DestinationHeader, st.dest),
-		setHeader("x-dynamo-worker-instance-id", strconv.FormatUint(d.sel.WorkerID, 10)),
-		setHeader("x-dynamo-dp-rank", strconv.FormatUint(uint64(d.sel.DPRank), 10)),
-		setHeader("x-dynamo-routing-mode", "aggregated"),
-	)
+	set := newHeaderSetter(6, len(st.dest)+len(st.generatedID)+64)
+	var num [20]byte
+	set.set(DestinationHeader, st.dest)
+	set.set("x-dynamo-worker-instance-id", string(strconv.AppendUint(num[:0], d.sel.WorkerID, 10)))
+	set.set("x-dynamo-dp-rank", string(strconv.AppendUint(num[:0], uint64(d.sel.DPRank), 10)))
+	set.set("x-dynamo-routing-mode", "aggregated")
 	if st.generatedID != "" {
-		set = append(set, setHeader("x-request-id", st.generatedID))
+		set.set("x-request-id", st.generatedID)
 	}
 	if d.rewritten {
-		set = append(set, setHeader("content-length", strconv.Itoa(len(d.body))))
+		set.set("content-length", string(strconv.AppendInt(num[:0], int64(len(d.body)), 10)))
 	}
 	remove := removedHeaders
 	if d.decoded {
@@ -977,14 +976,15 @@ func (st *stream) routingMutation(d *decision) *extprocv3.HeaderMutation {
 	if st.hdr.decision != "" {
 		remove = append(slices.Clip(remove), DecisionHeader)
 	}
-	return &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}
+	return &extprocv3.HeaderMutation{SetHeaders: set.out, RemoveHeaders: remove}
 }
 
 // sendRouting sends the routing reply for the request's body mode (epp.md §4.1, §4.2, §4.3).
 func (st *stream) sendRouting(d decision, headerOnly bool) error {
 	common := &extprocv3.CommonResponse{HeaderMutation: st.routingMutation(&d), ClearRouteCache: true}
-	md := lbMetadata(st.dest)
+	md := st.s.destinationMetadata(st.dest)
 	if st.hdr.decision != "" {
+		md = lbMetadata(st.dest) // its own: the shared one is never modified
 		md.Fields[DecisionMetadataNamespace] = decisionMetadata(&d)
 	}
 	if !headerOnly && st.reqMode == filterv3.ProcessingMode_BUFFERED {
@@ -1030,13 +1030,7 @@ func (st *stream) sendRouting(d decision, headerOnly bool) error {
 
 // streamedBody is one request_body reply carrying a streamed_response chunk.
 func streamedBody(b []byte, eos bool) *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
-		RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
-			BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b, EndOfStream: eos},
-			}},
-		}},
-	}}
+	return newStreamedReply(true, b, eos)
 }
 
 // ---- response path ----
@@ -1086,17 +1080,15 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) error {
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 	chunk := b.GetBody()
 	st.respBytes += len(chunk)
-	var reply *extprocv3.BodyResponse
+	var reply *extprocv3.ProcessingResponse
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		reply = &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
-			BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: chunk, EndOfStream: b.GetEndOfStream()},
-			}},
-		}}
+		reply = newStreamedReply(false, chunk, b.GetEndOfStream())
 	} else {
-		reply = &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}
+		reply = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
+		}}
 	}
-	if err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: reply}}); err != nil {
+	if err := st.send(reply); err != nil {
 		return err
 	}
 	if len(chunk) > 0 {

@@ -7,6 +7,9 @@
 #   bash scripts/loadbench.sh                      # the issue-15 goal table (≈ 5 min)
 #   bash scripts/loadbench.sh --body chat-long --concurrency 8 --duration 10s   # any eppbench load flags
 #
+# LOADBENCH_KVEPP_CPUPROFILE=FILE writes a CPU profile of the kvepp process over the whole run
+# (kvepp then runs as eppbench's kvepp child: the same composition root and settings as cmd/epp).
+#
 # Ports: $LOADBENCH_PORT_BASE (default 19000) + 2, 3, 90, 92 for kvepp, + 102 for the lightweight EPP.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,11 +30,28 @@ go build -o "$work/epp" ./cmd/epp
 go build -o "$work/eppbench" ./cmd/eppbench
 (cd "$shared/tools/lwepppeer" && go build -o "$work/lwepppeer" .)
 
+for port in $((base + 2)) $((base + 102)); do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "loadbench: port $port is in use by another process; set LOADBENCH_PORT_BASE" >&2
+    exit 1
+  fi
+done
+kveppcmd=("$work/epp")
+kveppin=/dev/null
+if [ -n "${LOADBENCH_KVEPP_CPUPROFILE:-}" ]; then
+  # eppbench's kvepp child (cmd/eppbench/kvepp.go) profiles itself and stops when its stdin
+  # closes, so it reads a FIFO this script holds open until the end.
+  profile="$(realpath -m "$LOADBENCH_KVEPP_CPUPROFILE")"
+  kveppcmd=(env EPPBENCH_KVEPP_CHILD=1 "EPPBENCH_KVEPP_CPUPROFILE=$profile" "$work/eppbench")
+  kveppin="$work/kvepp.stdin"
+  mkfifo "$kveppin"
+  exec 3<>"$kveppin"
+fi
 DYN_EPP_WORKERS_FILE="$repo/examples/workers.yaml" DYN_EPP_TOKENIZER_DIR="$shared/models/qwen3" \
   DYN_EPP_SECURE_SERVING=false DYN_EPP_BIND_ADDRESS=127.0.0.1 DYN_EPP_DRAIN_TIMEOUT_SECS=0 \
   DYN_EPP_GRPC_PORT=$((base + 2)) DYN_EPP_GRPC_HEALTH_PORT=$((base + 3)) \
   DYN_EPP_SELECTION_HTTP_PORT=$((base + 92)) DYN_EPP_METRICS_PORT=$((base + 90)) DYN_LOG=warn \
-  "$work/epp" >"$work/kvepp.log" 2>&1 &
+  "${kveppcmd[@]}" >"$work/kvepp.log" 2>&1 <"$kveppin" &
 kvepp=$!
 pids+=("$kvepp")
 "$work/lwepppeer" -addr "127.0.0.1:$((base + 102))" >"$work/lwepp.log" 2>&1 &

@@ -170,11 +170,14 @@ type preStep interface {
 }
 
 type splitStep struct {
-	scan     scanFunc      // hand-written scanner, or nil
-	re       *regexMatcher // regexp2 fallback, or nil
-	literal  string        // String pattern, when scan and re are nil
-	behavior splitBehavior
-	invert   bool
+	scan scanFunc // hand-written scanner, or nil
+	// llamaLike marks the Qwen2 and Llama 3 patterns, whose scanner takes an ASCII word (with an
+	// optional leading space) first (asciiWordEnd).
+	llamaLike bool
+	re        *regexMatcher // regexp2 fallback, or nil
+	literal   string        // String pattern, when scan and re are nil
+	behavior  splitBehavior
+	invert    bool
 }
 
 func (st *splitStep) spans(s string, dst [][2]int) [][2]int {
@@ -349,10 +352,13 @@ func (d digitsStep) apply(pieces []string, first bool, dst []string) ([]string, 
 // preTokenizer is the flattened pre-tokenizer chain. fast is set when the whole chain is one
 // scanner whose pieces need no further transformation (Qwen2, Llama 3, GPT-2 layouts).
 type preTokenizer struct {
-	steps     []preStep
-	fast      scanFunc
-	byteLevel bool // a ByteLevel step is present: the model's symbols are bytes, not characters
-	metaspace bool // a Metaspace step is present (SentencePiece layout)
+	steps []preStep
+	fast  scanFunc
+	// asciiWords is set when fast is a llama-like scanner (splitStep.llamaLike): the encoder then
+	// cuts ASCII words itself (asciiWordEnd) and calls fast for everything else.
+	asciiWords bool
+	byteLevel  bool // a ByteLevel step is present: the model's symbols are bytes, not characters
+	metaspace  bool // a Metaspace step is present (SentencePiece layout)
 }
 
 func parsePreTokenizer(raw json.RawMessage) (*preTokenizer, error) {
@@ -374,7 +380,7 @@ func parsePreTokenizer(raw json.RawMessage) (*preTokenizer, error) {
 		s, ok1 := pt.steps[0].(*splitStep)
 		b, ok2 := pt.steps[1].(byteLevelStep)
 		if ok1 && ok2 && s.scan != nil && s.behavior == behIsolated && !s.invert && !b.addPrefixSpace && !b.useRegex {
-			pt.fast = s.scan
+			pt.fast, pt.asciiWords = s.scan, s.llamaLike
 		}
 	}
 	return pt, nil
@@ -425,6 +431,7 @@ func (pt *preTokenizer) add(raw json.RawMessage) error {
 		}
 		switch {
 		case q.Pattern.Regex != nil:
+			st.llamaLike = *q.Pattern.Regex == patternQwen2 || *q.Pattern.Regex == patternLlama3
 			if st.scan = knownScanner(*q.Pattern.Regex); st.scan == nil {
 				re, err := newRegexMatcher(*q.Pattern.Regex)
 				if err != nil {

@@ -225,6 +225,25 @@ func scanLlamaLike(s string, i int, maxDigits int) int {
 	return scanWhitespaceLlama(s, i)
 }
 
+// asciiWordEnd is the first case of scanLlamaLike, small enough to inline into the encoder's
+// loop: the end of the ASCII letters starting at i, after an optional leading space, or -1 when
+// there are none or the letters go on beyond ASCII (the scanner then decides).
+func asciiWordEnd(s string, i int) int {
+	j := i
+	if s[j] == ' ' {
+		j++
+	}
+	if j >= len(s) || !isASCIILetter(s[j]) {
+		return -1
+	}
+	for j++; j < len(s) && isASCIILetter(s[j]); j++ {
+	}
+	if j < len(s) && s[j] >= utf8.RuneSelf {
+		return -1
+	}
+	return j
+}
+
 func scanQwen2(s string, i int) int  { return scanLlamaLike(s, i, 1) }
 func scanLlama3(s string, i int) int { return scanLlamaLike(s, i, 3) }
 

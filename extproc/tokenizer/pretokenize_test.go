@@ -151,3 +151,34 @@ func TestLowercaseNormalizer(t *testing.T) {
 		})
 	}
 }
+
+// TestASCIIWordEndIsTheScannersFirstCase: wherever asciiWordEnd cuts a piece, the Qwen2 and
+// Llama 3 scanners cut the same one (it is their first case, inlined into the encoder).
+func TestASCIIWordEndIsTheScannersFirstCase(t *testing.T) {
+	texts := []string{
+		"Hello world, it's  a test\n\n  of   words;x y", " a", "a", " ", "  b", "ab\u00e9cd", " ab\u00e9", "x1 y2",
+		"don't stop", "\tword", "A\u0301b", "ab's", "\r\nline", "end.", "MiXeD CaSe wordsGoOn",
+	}
+	// And random strings over the characters that decide the case: spaces, ASCII and other
+	// letters, marks, digits, quotes, punctuation, line breaks.
+	alphabet := []string{" ", " ", "a", "Z", "q", "é", "\u0301", "ж", "1", "'", ".", "\n", "\t", "🚀"}
+	rng := rand.New(rand.NewSource(15))
+	for n := 0; n < 2000; n++ {
+		var b strings.Builder
+		for k := rng.Intn(24); k >= 0; k-- {
+			b.WriteString(alphabet[rng.Intn(len(alphabet))])
+		}
+		texts = append(texts, b.String())
+	}
+	for _, s := range texts {
+		for i := 0; i < len(s); i++ {
+			j := asciiWordEnd(s, i)
+			if j < 0 {
+				continue
+			}
+			if q, l := scanQwen2(s, i), scanLlama3(s, i); j != q || j != l {
+				t.Fatalf("%q at %d: asciiWordEnd %d, scanQwen2 %d, scanLlama3 %d", s, i, j, q, l)
+			}
+		}
+	}
+}

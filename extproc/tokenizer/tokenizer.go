@@ -404,8 +404,15 @@ func (t *Tokenizer) appendEncodedAt(text string, atStart, afterToken bool, dst [
 // reports whether s starts at offset 0 of the encoded text (Metaspace prepend_scheme "first").
 func (t *Tokenizer) appendWords(s string, first bool, dst []uint32) []uint32 {
 	if scan := t.pre.fast; scan != nil {
+		words := t.pre.asciiWords
 		for i := 0; i < len(s); {
-			j := scan(s, i)
+			j := -1
+			if words {
+				j = asciiWordEnd(s, i)
+			}
+			if j < 0 {
+				j = scan(s, i)
+			}
 			dst = t.appendPiece(s[i:j], dst)
 			i = j
 		}

@@ -78,11 +78,22 @@ func (b *Body) Unique(run string, n uint64) []byte {
 	if b.markAt < 0 {
 		return b.Raw
 	}
-	mark := "[" + run + " " + strconv.FormatUint(n, 10) + "] "
-	out := make([]byte, 0, len(b.Raw)+len(mark))
-	out = append(out, b.Raw[:b.markAt]...)
-	out = append(out, mark...)
-	return append(out, b.Raw[b.markAt:]...)
+	return b.AppendUnique(make([]byte, 0, len(b.Raw)+len(run)+24), run, n)
+}
+
+// AppendUnique appends the body Unique returns to dst (Raw when there is no text to mark), for a
+// benchmark that reuses one buffer.
+func (b *Body) AppendUnique(dst []byte, run string, n uint64) []byte {
+	if b.markAt < 0 {
+		return append(dst, b.Raw...)
+	}
+	dst = append(dst, b.Raw[:b.markAt]...)
+	dst = append(dst, '[')
+	dst = append(dst, run...)
+	dst = append(dst, ' ')
+	dst = strconv.AppendUint(dst, n, 10)
+	dst = append(dst, "] "...)
+	return append(dst, b.Raw[b.markAt:]...)
 }
 
 // Markable reports whether Unique changes the body.
