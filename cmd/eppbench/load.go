@@ -101,10 +101,15 @@ func parseLoadFlags(args []string, stderr io.Writer) (loadOptions, error) {
 		if !ok || name == "" || addr == "" {
 			return fmt.Errorf("want NAME=HOST:PORT, got %q", v)
 		}
+		for _, t := range o.Targets {
+			if t.Name == name {
+				return fmt.Errorf("--target %s: the name %q is given twice", v, name)
+			}
+		}
 		o.Targets = append(o.Targets, loadTarget{Name: name, Addr: addr})
 		return nil
 	})
-	fs.Func("pid", "NAME=PID: the process id of target NAME on this machine, to report its CPU per exchange (repeatable)", func(v string) error {
+	fs.Func("pid", "NAME=PID: the process id of target NAME on this machine, to report its CPU per exchange (repeatable; after that --target)", func(v string) error {
 		name, pid, ok := strings.Cut(v, "=")
 		n, err := strconv.Atoi(pid)
 		if !ok || err != nil || n <= 0 {
@@ -370,7 +375,7 @@ func processCPU() time.Duration {
 // (exchanges/s and decision p50), and the load generator's CPU per exchange for each target.
 func writeLoadTable(out io.Writer, cells []*loadCell, targets []loadTarget) {
 	floor := targets[len(targets)-1].Name
-	head := []string{"body", "turns", "KB", "c"}
+	head := []string{"body", "turns", "KiB", "c"}
 	for _, t := range targets {
 		head = append(head, t.Name+" exch/s", t.Name+" decision p50 / p99 ms", t.Name+" exchange p50 / p99 ms")
 	}

@@ -181,3 +181,17 @@ func BenchmarkLoadClient(b *testing.B) {
 		}
 	})
 }
+
+func TestLoadFlagsRefuseAmbiguousTargets(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--target", "kvepp=127.0.0.1:1", "--target", "kvepp=127.0.0.1:2"}, `the name "kvepp" is given twice`},
+		{[]string{"--pid", "kvepp=1", "--target", "kvepp=127.0.0.1:1"}, `no --target named "kvepp" before it`},
+	} {
+		if _, err := parseLoadFlags(tc.args, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
