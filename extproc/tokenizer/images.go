@@ -85,23 +85,56 @@ func (t *Tokenizer) ChatPromptFor(r *Request, o ChatOptions) (ChatPrompt, error)
 	if err != nil {
 		return ChatPrompt{}, err
 	}
-	return t.splitAtImages(prompt, addSpecial, o.ImageTokens, func(prefix string) bool { return t.imageBoundaryClean(in, prefix) }), nil
+	return t.splitAtImages(prompt, countImageParts(in.messages), addSpecial, o.ImageTokens,
+		func(prefix string) bool { return t.imageBoundaryClean(in, prefix) })
 }
 
-// splitAtImages encodes a prompt rendered with imageSentinel at each image: exactly up to the
-// first image (backing off backOffTokens unless clean, which may be nil, says the engine's text
-// there starts with an added token), then the rest of the text and imageTokens ids per image as
-// uncached. A prompt without a sentinel is encoded as it is.
-func (t *Tokenizer) splitAtImages(prompt string, addSpecial bool, imageTokens int, clean func(prefix string) bool) ChatPrompt {
+// MaxImagesPerRequest bounds the image parts of one routed request (128): each is booked as
+// ImageTokens ids, so without a bound a 3 MB body of 65,000 image parts books 16 M tokens and a
+// few dozen of them exhaust the EPP's memory. vLLM itself accepts a handful of images per prompt
+// (--limit-mm-per-prompt).
+const MaxImagesPerRequest = 128
+
+// countImageParts counts the image content parts of decoded chat messages.
+func countImageParts(messages *jval) int {
+	n := 0
+	if messages == nil {
+		return 0
+	}
+	for _, m := range messages.arr {
+		c := m.get("content")
+		if c == nil || c.kind != jArray {
+			continue
+		}
+		for _, p := range c.arr {
+			if typ := p.get("type"); typ != nil && typ.kind == jString && imagePartTypes[typ.s] {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// splitAtImages encodes a prompt rendered with imageSentinel at each of its image parts:
+// exactly up to the first image (backing off backOffTokens unless clean, which may be nil, says
+// the engine's text there starts with an added token), then the rest of the text and imageTokens
+// ids per image as uncached. A prompt without a sentinel is encoded as it is. Errors
+// (*RequestError): more than MaxImagesPerRequest images, or request text that itself contains
+// the sentinel (it would be routed as images).
+func (t *Tokenizer) splitAtImages(prompt string, images int, addSpecial bool, imageTokens int, clean func(prefix string) bool) (ChatPrompt, error) {
+	if images > MaxImagesPerRequest {
+		return ChatPrompt{}, badRequest("the request has %d image parts; kvepp routes at most %d per request", images, MaxImagesPerRequest)
+	}
+	if n := strings.Count(prompt, imageSentinel); n != images {
+		return ChatPrompt{}, badRequest("the request's text contains the character sequence U+E000 \"kvepp-image\" U+E001, which kvepp reserves to mark images")
+	}
 	first := strings.Index(prompt, imageSentinel)
 	if first < 0 {
 		ids := t.Encode(prompt, addSpecial)
-		return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids)}
+		return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids)}, nil
 	}
 	prefix := prompt[:first]
-	rest := prompt[first+len(imageSentinel):]
-	images := 1 + strings.Count(rest, imageSentinel)
-	rest = strings.ReplaceAll(rest, imageSentinel, "")
+	rest := strings.ReplaceAll(prompt[first+len(imageSentinel):], imageSentinel, "")
 
 	ids := make([]uint32, 0, len(prompt)/3+images*imageTokens+8)
 	if addSpecial {
@@ -119,7 +152,7 @@ func (t *Tokenizer) splitAtImages(prompt string, addSpecial bool, imageTokens in
 	if addSpecial {
 		ids = append(ids, t.post.suffix...)
 	}
-	return ChatPrompt{TokenIDs: ids, UncachedFrom: uncached}
+	return ChatPrompt{TokenIDs: ids, UncachedFrom: uncached}, nil
 }
 
 // appendEncodedText encodes s (without special tokens) onto dst.

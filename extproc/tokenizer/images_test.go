@@ -1,6 +1,8 @@
 package tokenizer
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -110,4 +112,49 @@ func TestResponsesPromptRoutesImagesByTheirTextPrefix(t *testing.T) {
 	if len(img.TokenIDs) < len(exact)+64 {
 		t.Fatalf("%d ids booked, want the text plus 64 image tokens (> %d)", len(img.TokenIDs), len(exact)+64)
 	}
+}
+
+// TestImageRoutingIsBounded: more than MaxImagesPerRequest image parts, or request text carrying
+// the image marker itself, is a 400 — not millions of booked tokens.
+func TestImageRoutingIsBounded(t *testing.T) {
+	tk := qwen3(t)
+	many := func(n int, typ, part string) string {
+		return `{"type":"input_text","text":"look"}` + strings.Repeat(`,{"type":"`+typ+`",`+part+`}`, n)
+	}
+	for _, tc := range []struct {
+		name, body string
+		responses  bool
+		want       string
+	}{
+		{"a chat with too many images", `{"messages":[{"role":"user","content":[` + many(MaxImagesPerRequest+1, "image_url", `"image_url":{"url":"u"}`) + `]}]}`, false, "at most 128"},
+		{"a Responses body with too many images", `{"input":[{"role":"user","content":[` + many(MaxImagesPerRequest+1, "input_image", `"image_url":"u"`) + `]}]}`, true, "at most 128"},
+		{"chat text carrying the marker", `{"messages":[{"role":"user","content":"hi \ue000kvepp-image\ue001 there"}]}`, false, "reserves to mark images"},
+		{"Responses text carrying the marker", `{"input":[{"role":"user","content":[{"type":"input_text","text":"\ue000kvepp-image\ue001"}]}]}`, true, "reserves to mark images"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := ParseRequest([]byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.responses {
+				_, err = tk.ResponsesPromptFor(r, 256)
+			} else {
+				_, err = tk.ChatPromptFor(r, ChatOptions{ImageTokens: 256, Cache: NewConversationCache(1 << 20)})
+			}
+			var re *RequestError
+			if !errors.As(err, &re) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want a request error containing %q", err, tc.want)
+			}
+		})
+	}
+	t.Run("exactly the limit is routed", func(t *testing.T) {
+		r, err := ParseRequest([]byte(`{"messages":[{"role":"user","content":[` + many(MaxImagesPerRequest, "image_url", `"image_url":{"url":"u"}`) + `]}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := tk.ChatPromptFor(r, ChatOptions{ImageTokens: 256})
+		if err != nil || len(p.TokenIDs) < MaxImagesPerRequest*256 {
+			t.Fatalf("%d ids, %v", len(p.TokenIDs), err)
+		}
+	})
 }

@@ -351,7 +351,7 @@ func (t *Tokenizer) TokenizeResponses(body []byte) ([]uint32, error) {
 
 // ResponsesIDs is TokenizeResponses for a Request.
 func (t *Tokenizer) ResponsesIDs(r *Request) ([]uint32, error) {
-	prompt, err := t.responsesPrompt(r, false)
+	prompt, _, err := t.responsesPrompt(r, false)
 	if err != nil {
 		return nil, err
 	}
@@ -365,18 +365,18 @@ func (t *Tokenizer) ResponsesIDs(r *Request) ([]uint32, error) {
 // remaining text plus imageTokens ids per image — comes after UncachedFrom. Errors as
 // TokenizeResponses.
 func (t *Tokenizer) ResponsesPromptFor(r *Request, imageTokens int) (ChatPrompt, error) {
-	prompt, err := t.responsesPrompt(r, true)
+	prompt, images, err := t.responsesPrompt(r, true)
 	if err != nil {
 		return ChatPrompt{}, err
 	}
-	return t.splitAtImages(prompt, false, imageTokens, nil), nil
+	return t.splitAtImages(prompt, images, false, imageTokens, nil)
 }
 
 // responsesPrompt renders a Responses body as a chat; with sentinels, each image part is written
 // as imageSentinel into its message's text.
-func (t *Tokenizer) responsesPrompt(r *Request, sentinels bool) (string, error) {
+func (t *Tokenizer) responsesPrompt(r *Request, sentinels bool) (prompt string, images int, err error) {
 	if prev := r.get("previous_response_id"); prev != nil && prev[0] != 'n' {
-		return "", ErrStateful
+		return "", 0, ErrStateful
 	}
 	msgs := &jval{kind: jArray}
 	addMsg := func(role *jval, content string) {
@@ -387,63 +387,66 @@ func (t *Tokenizer) responsesPrompt(r *Request, sentinels bool) (string, error) 
 	}
 	ins, err := r.decode("instructions")
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	if ins != nil && ins.kind != jNull {
 		if ins.kind != jString {
-			return "", badRequest("instructions is %s, want a string", ins.typeName())
+			return "", 0, badRequest("instructions is %s, want a string", ins.typeName())
 		}
 		addMsg(jstr("system"), ins.s)
 	}
 	input, err := r.decode("input")
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	switch {
 	case input == nil:
-		return "", badRequest("input is missing")
+		return "", 0, badRequest("input is missing")
 	case input.kind == jString:
 		addMsg(jstr("user"), input.s)
 	case input.kind == jArray:
 		for i, item := range input.arr {
 			if item.kind != jObject {
-				return "", badRequest("input[%d] is %s, want an object", i, item.typeName())
+				return "", 0, badRequest("input[%d] is %s, want an object", i, item.typeName())
 			}
 			role := item.get("role")
 			if role == nil {
 				continue // function_call, reasoning and other non-message items
 			}
 			if role.kind != jString {
-				return "", badRequest("input[%d].role is %s, want a string", i, role.typeName())
+				return "", 0, badRequest("input[%d].role is %s, want a string", i, role.typeName())
 			}
-			text, err := responsesText(item.get("content"), i, sentinels)
+			text, n, err := responsesText(item.get("content"), i, sentinels)
 			if err != nil {
-				return "", err
+				return "", 0, err
 			}
+			images += n
 			addMsg(role, text)
 		}
 	default:
-		return "", badRequest("input is %s, want a string or an array", input.typeName())
+		return "", 0, badRequest("input is %s, want a string or an array", input.typeName())
 	}
-	return t.render(&chatInput{messages: msgs, addGenerationPrompt: true})
+	prompt, err = t.render(&chatInput{messages: msgs, addGenerationPrompt: true})
+	return prompt, images, err
 }
 
-func responsesText(c *jval, i int, sentinels bool) (string, error) {
+func responsesText(c *jval, i int, sentinels bool) (text string, images int, err error) {
 	if c == nil || c.kind == jNull {
-		return "", nil
+		return "", 0, nil
 	}
 	switch c.kind {
 	case jString:
-		return c.s, nil
+		return c.s, 0, nil
 	case jArray:
 		var b strings.Builder
 		for k, p := range c.arr {
 			if p.kind != jObject {
-				return "", badRequest("input[%d].content[%d] is %s, want an object", i, k, p.typeName())
+				return "", 0, badRequest("input[%d].content[%d] is %s, want an object", i, k, p.typeName())
 			}
 			typ := p.get("type")
 			if sentinels && typ != nil && typ.kind == jString && (typ.s == "input_image" || typ.s == "image_url") {
 				b.WriteString(imageSentinel)
+				images++
 				continue
 			}
 			if typ == nil || typ.kind != jString || (typ.s != "input_text" && typ.s != "output_text") {
@@ -451,11 +454,11 @@ func responsesText(c *jval, i int, sentinels bool) (string, error) {
 			}
 			tx := p.get("text")
 			if tx == nil || tx.kind != jString {
-				return "", badRequest("input[%d].content[%d].text is %s, want a string", i, k, tx.typeName())
+				return "", 0, badRequest("input[%d].content[%d].text is %s, want a string", i, k, tx.typeName())
 			}
 			b.WriteString(tx.s)
 		}
-		return b.String(), nil
+		return b.String(), images, nil
 	}
-	return "", badRequest("input[%d].content is %s, want a string or an array of parts", i, c.typeName())
+	return "", 0, badRequest("input[%d].content is %s, want a string or an array of parts", i, c.typeName())
 }
