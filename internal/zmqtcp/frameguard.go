@@ -50,11 +50,17 @@ const MaxMessageFrames = 64
 // (which zmq4 treats as a closed connection) before zmq4 sees the size. Connections made through
 // this package's transport are already wrapped; use it for connections handed to zmq4.Open
 // directly.
-func LimitFrames(c net.Conn) net.Conn {
+func LimitFrames(c net.Conn) net.Conn { return LimitFramesTo(c, maxFrameBytes) }
+
+// LimitFramesTo is LimitFrames with a bound of max bytes per frame and per message, for a
+// connection whose peer has less to say: a PUB socket's subscribers send only subscriptions, so
+// it accepts a few KiB, and a subscriber holding a large half-sent frame cannot pin 16 MiB per
+// connection.
+func LimitFramesTo(c net.Conn, max uint64) net.Conn {
 	if g, ok := c.(*guardedConn); ok {
 		return g
 	}
-	return &guardedConn{Conn: c, greeting: greetingBytes}
+	return &guardedConn{Conn: c, greeting: greetingBytes, max: max}
 }
 
 // guardedConn follows the ZMTP framing of the bytes read through it: the greeting, then frames of
@@ -71,6 +77,7 @@ type guardedConn struct {
 	frames   int     // parts of the current message seen so far
 	msgBytes uint64  // body bytes of the current message so far
 	failed   error   // set once an oversized frame was seen; every later Read returns it
+	max      uint64  // bytes per frame and per message
 }
 
 // Read reads from the connection and checks every frame header it passes.
@@ -121,18 +128,18 @@ func (c *guardedConn) scan(p []byte) error {
 				c.body = binary.BigEndian.Uint64(c.size[:])
 			}
 			c.size, c.sizeLen = [8]byte{}, 0
-			if c.body > maxFrameBytes {
+			if c.body > c.max {
 				return fmt.Errorf("zmqtcp: %s declared a %d-byte frame, more than the %d-byte limit; connection closed: %w",
-					c.RemoteAddr(), c.body, maxFrameBytes, io.EOF)
+					c.RemoteAddr(), c.body, c.max, io.EOF)
 			}
 			if c.command {
 				continue
 			}
 			c.frames++
 			c.msgBytes += c.body
-			if c.frames > MaxMessageFrames || c.msgBytes > maxFrameBytes {
+			if c.frames > MaxMessageFrames || c.msgBytes > c.max {
 				return fmt.Errorf("zmqtcp: %s sent a message of more than %d parts or %d bytes; connection closed: %w",
-					c.RemoteAddr(), MaxMessageFrames, maxFrameBytes, io.EOF)
+					c.RemoteAddr(), MaxMessageFrames, c.max, io.EOF)
 			}
 			if !c.more {
 				c.frames, c.msgBytes = 0, 0

@@ -22,6 +22,12 @@ const (
 	// misses the newest (DropSubscriberFull) and the others are unaffected. Memory grows with the
 	// messages waiting, not with the bound.
 	subscriberQueue = DefaultOutboundCapacity
+	// subscriberFrameBytes bounds what a subscriber may send in one frame or message: it sends
+	// only its greeting, handshake commands and subscriptions (a topic prefix each).
+	subscriberFrameBytes = 4096
+	// maxSubscribers bounds the connected subscribers (each holds a queue and a goroutine);
+	// further connections are closed at once.
+	maxSubscribers = 1024
 	// handshakeTimeout bounds a new connection's ZMTP greeting and handshake.
 	handshakeTimeout = 5 * time.Second
 )
@@ -49,6 +55,7 @@ type publisher struct {
 	closed bool
 	wg     sync.WaitGroup
 	count  atomic.Int64
+	open   atomic.Int64 // connections being served, handshaking or subscribed
 }
 
 // subscriber is one connected SUB socket.
@@ -112,8 +119,13 @@ func (p *publisher) accept() {
 // serve performs the handshake and runs the subscriber until it or the socket closes.
 func (p *publisher) serve(raw net.Conn) {
 	defer p.wg.Done()
+	defer p.open.Add(-1)
+	if p.open.Add(1) > maxSubscribers {
+		_ = raw.Close()
+		return
+	}
 	_ = raw.SetDeadline(time.Now().Add(handshakeTimeout))
-	conn, err := zmq4.Open(zmqtcp.LimitFrames(raw), null.Security(), zmq4.Pub, zmq4.SocketIdentity(""), true, nil)
+	conn, err := zmq4.Open(zmqtcp.LimitFramesTo(raw, subscriberFrameBytes), null.Security(), zmq4.Pub, zmq4.SocketIdentity(""), true, nil)
 	if err != nil {
 		_ = raw.Close()
 		return

@@ -66,10 +66,9 @@ type Peers struct {
 // PeerWatcher turns the peer Service's EndpointSlices into replica-sync membership: every change
 // re-lists the slices, registers the endpoints that appeared and deregisters the ones it had
 // registered that disappeared (endpoints registered by anyone else — the static list, the HTTP
-// API — are never deregistered by it). POD_IP is excluded, and so are endpoints marked ready:
-// false unless they are terminating: a draining replica stays a replica-sync peer until it leaves
-// the slice, so the Free events of its last streams reach the others (a recovery peer must be
-// ready).
+// API — are never deregistered by it). POD_IP is excluded. Every endpoint a slice lists is a
+// replica-sync peer, ready or not (a draining or briefly unready replica still holds bookings);
+// only ready ones are recovery peers (Selection).
 //
 // It reads through a controller-runtime client.Reader: the shared informer cache of the process's
 // Kube (Kube.WatchPeers triggers it on every slice event and once the cache has synced), or a fake
@@ -305,14 +304,13 @@ func (w *PeerWatcher) peersOf(items []discoveryv1.EndpointSlice) Peers {
 			}
 		}
 		for _, ep := range s.Endpoints {
+			// Every listed replica is followed, ready or not: one that is draining
+			// (terminating) still publishes the Free events of its last streams, and one that
+			// failed a readiness probe or two still holds its bookings — deregistering it would
+			// release their mirrors here and under-count its load once it is ready again. It
+			// leaves when it leaves the slice (then the manager releases its mirrors). Only a
+			// ready replica serves the recovery dump.
 			ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
-			// A terminating replica is draining: its streams still end and it publishes their
-			// Free events, so it stays followed until it leaves the slice (then the manager
-			// releases its mirrors). It serves no recovery dump.
-			terminating := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
-			if !ready && !terminating {
-				continue
-			}
 			for _, addr := range ep.Addresses {
 				if addr == "" || addr == w.cfg.PodIP {
 					continue

@@ -111,17 +111,17 @@ func TestPeerWatcherFollowsEndpointSlices(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := discovery.Peers{
-		Replica:   []string{"tcp://10.0.0.2:19092", "tcp://10.0.0.3:19092", "tcp://10.0.1.5:9092"},
+		Replica:   []string{"tcp://10.0.0.2:19092", "tcp://10.0.0.3:19092", "tcp://10.0.0.4:19092", "tcp://10.0.1.5:9092"},
 		Selection: []string{"http://10.0.0.2:18092", "http://10.0.0.3:18092", "http://10.0.1.5:8092"},
 	}
 	if d := cmp.Diff(want, peers); d != "" {
-		t.Fatalf("peers (-want +got): own POD_IP, ready:false and other services excluded, defaults for unnamed ports\n%s", d)
+		t.Fatalf("peers (-want +got): own POD_IP and other services excluded, ready:false followed but not a recovery peer, defaults for unnamed ports\n%s", d)
 	}
 	if d := cmp.Diff(append(slices.Clone(want.Replica), "tcp://static:9092"), sink.list()); d != "" {
 		t.Fatalf("registered (-want +got):\n%s", d)
 	}
 
-	t.Run("an endpoint turning not ready and a slice deleted are deregistered", func(t *testing.T) {
+	t.Run("an endpoint turning not ready stays followed (no recovery); one leaving its slice and a deleted slice are deregistered", func(t *testing.T) {
 		var a discoveryv1.EndpointSlice
 		if err := c.Get(ctx, client.ObjectKey{Namespace: "ns", Name: "a"}, &a); err != nil {
 			t.Fatal(err)
@@ -131,6 +131,7 @@ func TestPeerWatcherFollowsEndpointSlices(t *testing.T) {
 				a.Endpoints[i].Conditions.Ready = ptr(false)
 			}
 		}
+		a.Endpoints = slices.DeleteFunc(a.Endpoints, func(e discoveryv1.Endpoint) bool { return e.Addresses[0] == "10.0.0.4" })
 		a.Endpoints = append(a.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.0.0.7"}})
 		if err := c.Update(ctx, &a); err != nil {
 			t.Fatal(err)
@@ -141,7 +142,7 @@ func TestPeerWatcherFollowsEndpointSlices(t *testing.T) {
 		if _, err := w.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if d := cmp.Diff([]string{"tcp://10.0.0.2:19092", "tcp://10.0.0.7:19092", "tcp://static:9092"}, sink.list()); d != "" {
+		if d := cmp.Diff([]string{"tcp://10.0.0.2:19092", "tcp://10.0.0.3:19092", "tcp://10.0.0.7:19092", "tcp://static:9092"}, sink.list()); d != "" {
 			t.Fatalf("registered (-want +got):\n%s", d)
 		}
 		if got := w.Last().Selection; !slices.Equal(got, []string{"http://10.0.0.2:18092", "http://10.0.0.7:18092"}) {
@@ -164,7 +165,7 @@ func TestPeerWatcherFollowsEndpointSlices(t *testing.T) {
 		if _, err := w.Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if d := cmp.Diff([]string{"tcp://10.0.0.2:19092", "tcp://10.0.0.7:19092", "tcp://static:9092"}, sink.list()); d != "" {
+		if d := cmp.Diff([]string{"tcp://10.0.0.2:19092", "tcp://10.0.0.3:19092", "tcp://10.0.0.7:19092", "tcp://static:9092"}, sink.list()); d != "" {
 			t.Fatalf("registered (-want +got):\n%s", d)
 		}
 		if got := w.Last().Selection; !slices.Equal(got, []string{"http://10.0.0.7:18092"}) {
