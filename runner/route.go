@@ -105,9 +105,9 @@ func RunRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if !transportMismatch(err) {
 			return fmt.Errorf("route: ext_proc exchange with %s: %w", *addr, err)
 		}
-		hint := "is the EPP serving TLS (DYN_EPP_SECURE_SERVING=true, the default)? then add --tls"
+		hint := "is --addr the EPP's ext_proc port (DYN_EPP_GRPC_PORT, 9002), not its HTTP or sync port? is the EPP serving TLS (DYN_EPP_SECURE_SERVING=true, the default)? then add --tls"
 		if *useTLS {
-			hint = "is the EPP serving plaintext (DYN_EPP_SECURE_SERVING=false)? then drop --tls"
+			hint = "is --addr the EPP's ext_proc port (DYN_EPP_GRPC_PORT, 9002)? is the EPP serving plaintext (DYN_EPP_SECURE_SERVING=false)? then drop --tls"
 		}
 		return fmt.Errorf("route: ext_proc exchange with %s: %w (%s)", *addr, err, hint)
 	}
