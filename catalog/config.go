@@ -276,6 +276,14 @@ const SourceHostDefault = "host default"
 // box, while `epp select-service` keeps the documented built-in default (selection-service.md
 // §18.1). Errors: as Resolve, and the default type's provider error.
 func ResolveWithDefault(reg *Registry, cfg *Config, override, defaultType string) (*Resolution, error) {
+	return ResolveWithDefaultParams(reg, cfg, override, defaultType, nil)
+}
+
+// ResolveWithDefaultParams is ResolveWithDefault with the parameters (a JSON mapping, nil = none)
+// the host's default type is built with when it is the one that runs; a policy file or an
+// override that selects an instance is not affected. Errors: as ResolveWithDefault's, and
+// parameters that are not a mapping or that the type refuses.
+func ResolveWithDefaultParams(reg *Registry, cfg *Config, override, defaultType string, defaultParams []byte) (*Resolution, error) {
 	res, err := Resolve(reg, cfg, override)
 	if err != nil || res.Source != "built-in default" || defaultType == "" {
 		return res, err
@@ -287,9 +295,9 @@ func ResolveWithDefault(reg *Registry, cfg *Config, override, defaultType string
 	if !ok {
 		return res, nil
 	}
-	params, err := policies.NewPolicyParameters(nil)
+	params, err := policies.NewPolicyParameters(defaultParams)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("default policy type %q: %w", defaultType, err)
 	}
 	factory, err := callProvider(provider, params)
 	if err != nil {

@@ -35,6 +35,20 @@ func TestTheEPPRunsPredictedTTFTAndSelectServiceTheBuiltInCost(t *testing.T) {
 			t.Fatalf("resolution log %s", log)
 		}
 	})
+	t.Run("the default policy assumes DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND for unmeasured workers", func(t *testing.T) {
+		for env, want := range map[string]string{
+			"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=25000": `"params":{"prefill_tokens_per_second":25000}`,
+			"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=0":     `"selected_by":"host default","message"`,
+		} {
+			cfg, err := LoadConfig([]string{tok, env}, nil, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if log := resolved(t, cfg); !strings.Contains(log, want) {
+				t.Fatalf("%s: resolution log %s, want %s", env, log, want)
+			}
+		}
+	})
 	t.Run("DYN_ROUTER_WORKER_SELECTION_POLICY=default gives the EPP the built-in cost", func(t *testing.T) {
 		cfg, err := LoadConfig([]string{tok, "DYN_ROUTER_WORKER_SELECTION_POLICY=default"}, nil, io.Discard)
 		if err != nil {

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,7 +40,7 @@ func pickerConfig(cfg Config, registry *catalog.Registry, log zerolog.Logger) (p
 		pc.PolicyProfiles = ps
 		pol = c
 	}
-	res, err := catalog.ResolveWithDefault(registry, pol, cfg.WorkerSelectionPolicy, defaultPolicyType(cfg))
+	res, err := catalog.ResolveWithDefaultParams(registry, pol, cfg.WorkerSelectionPolicy, defaultPolicyType(cfg), defaultPolicyParams(cfg))
 	if err != nil {
 		// Name only the settings that were given (both when both were).
 		var named []string
@@ -56,7 +57,13 @@ func pickerConfig(cfg Config, registry *catalog.Registry, log zerolog.Logger) (p
 	}
 	pc.EstimatePrefillCompletion = bool(cfg.EstimatePrefillCompletion)
 	pc.AssumedPrefillTokensPerSecond = cfg.AssumedPrefillTokensPerSecond
-	log.Info().Str("policy", res.Name).Str("type", res.Type).Str("selected_by", res.Source).Msg("worker-selection policy resolved")
+	ev := log.Info().Str("policy", res.Name).Str("type", res.Type).Str("selected_by", res.Source)
+	if res.Source == catalog.SourceHostDefault {
+		if p := defaultPolicyParams(cfg); p != nil {
+			ev = ev.RawJSON("params", p)
+		}
+	}
+	ev.Msg("worker-selection policy resolved")
 	return pc, nil
 }
 
@@ -70,6 +77,18 @@ func defaultPolicyType(cfg Config) string {
 		return ""
 	}
 	return predictedttft.TypeName
+}
+
+// defaultPolicyParams are the parameters of the host's default policy: predicted-ttft assumes
+// DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND for a worker whose prefill rate it has not measured,
+// the same rate the estimated prefill release uses, so the two agree (with the default 10,000
+// both are predictedttft.DefaultPrefillTokensPerSecond); 0 (no assumed rate) keeps the policy's own
+// default. nil = none.
+func defaultPolicyParams(cfg Config) []byte {
+	if defaultPolicyType(cfg) != predictedttft.TypeName || !(cfg.AssumedPrefillTokensPerSecond > 0) {
+		return nil
+	}
+	return []byte(`{"prefill_tokens_per_second":` + strconv.FormatFloat(cfg.AssumedPrefillTokensPerSecond, 'g', -1, 64) + `}`)
 }
 
 // PickerConfig builds the selection core's configuration from cfg exactly as the EPP does (router
