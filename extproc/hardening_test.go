@@ -185,6 +185,14 @@ func TestDeeplyNestedJSONIsReportedAsTooDeep(t *testing.T) {
 	checkImmediate(t, ex, 400, "invalid_request_error", "request body nests JSON deeper than 10000 levels")
 }
 
+func TestABodyOfTooManyContainersIsRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	parts := strings.Repeat(`{"type":"text","text":"x"},`, extproc.MaxBodyContainers)
+	body := `{"model":"m","messages":[{"role":"user","content":[` + parts + `{"type":"text","text":"x"}]}]}`
+	ex := h.do(t, extproctest.Request{Body: []byte(body)})
+	checkImmediate(t, ex, 400, "invalid_request_error", "request body has more than 100000 JSON objects and arrays")
+}
+
 func TestTheRoutingReplyCarriesTheDecisionOnRequest(t *testing.T) {
 	h := newHarness(t, nil)
 	ask := []extproctest.Header{{Key: extproc.DecisionHeader, Value: "1"}}

@@ -148,7 +148,7 @@ func printDecision(w io.Writer, ex *extproctest.Exchange) {
 // refused connection or a timeout is not.
 func transportMismatch(err error) bool {
 	msg := err.Error()
-	for _, s := range []string{"server preface", "tls:", "first record does not look like a TLS handshake", "http2: frame too large", "connection reset by peer"} {
+	for _, s := range []string{"server preface", "tls:", "unknown service envoy.service.ext_proc", "first record does not look like a TLS handshake", "http2: frame too large", "connection reset by peer"} {
 		if strings.Contains(msg, s) {
 			return true
 		}

@@ -302,7 +302,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	inst.Metrics = prometheus.NewRegistry()
 	inst.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	inst.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvepp_zmq_oversized_frames_total",
-		Help: "ZeroMQ connections (KV events, replica sync) closed because the peer declared a frame above the 16 MiB bound."},
+		Help: "ZeroMQ connections (KV events, replica sync) closed because the peer declared a frame or message above its bound (16 MiB; 4 KiB from a replica-sync subscriber) or a message of more than 64 parts."},
 		func() float64 { return float64(zmqtcp.OversizedFrames()) }))
 	metricsLn, err := listen(cfg.BindAddress, cfg.MetricsPort, cfg.name("DYN_EPP_METRICS_PORT"))
 	if err != nil {

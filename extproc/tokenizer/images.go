@@ -118,14 +118,17 @@ func countImageParts(messages *jval) int {
 // splitAtImages encodes a prompt rendered with imageSentinel at each of its image parts:
 // exactly up to the first image (backing off backOffTokens unless clean, which may be nil, says
 // the engine's text there starts with an added token), then the rest of the text and imageTokens
-// ids per image as uncached. A prompt without a sentinel is encoded as it is. Errors
-// (*RequestError): more than MaxImagesPerRequest images, or request text that itself contains
-// the sentinel (it would be routed as images).
+// ids per image as uncached (images counts the request's image parts; the template may render
+// fewer). A prompt without a sentinel is encoded as it is. Errors (*RequestError): more than
+// MaxImagesPerRequest image parts, or more sentinels than image parts (the request's text itself
+// carries the sentinel and would be routed as images).
 func (t *Tokenizer) splitAtImages(prompt string, images int, addSpecial bool, imageTokens int, clean func(prefix string) bool) (ChatPrompt, error) {
 	if images > MaxImagesPerRequest {
 		return ChatPrompt{}, badRequest("the request has %d image parts; kvepp routes at most %d per request", images, MaxImagesPerRequest)
 	}
-	if n := strings.Count(prompt, imageSentinel); n != images {
+	// Fewer sentinels than image parts is fine (the template did not render some messages, e.g.
+	// a developer turn); more can only come from the request's own text.
+	if n := strings.Count(prompt, imageSentinel); n > images {
 		return ChatPrompt{}, badRequest("the request's text contains the character sequence U+E000 \"kvepp-image\" U+E001, which kvepp reserves to mark images")
 	}
 	first := strings.Index(prompt, imageSentinel)

@@ -444,7 +444,7 @@ func responsesText(c *jval, i int, sentinels bool) (text string, images int, err
 				return "", 0, badRequest("input[%d].content[%d] is %s, want an object", i, k, p.typeName())
 			}
 			typ := p.get("type")
-			if sentinels && typ != nil && typ.kind == jString && (typ.s == "input_image" || typ.s == "image_url") {
+			if sentinels && typ != nil && typ.kind == jString && imagePartTypes[typ.s] {
 				b.WriteString(imageSentinel)
 				images++
 				continue

@@ -221,6 +221,34 @@ func NestsTooDeep(b []byte) bool {
 	return false
 }
 
+// MoreContainersThan reports whether b opens more than limit arrays and objects in all (outside
+// strings). A body shorter than 2·limit bytes cannot (each takes at least two bytes) and is not
+// scanned.
+func MoreContainersThan(b []byte, limit int) bool {
+	if len(b) <= 2*limit {
+		return false
+	}
+	n, inString := 0, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case inString:
+			if c == '\\' {
+				i++
+			} else if c == '"' {
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			if n++; n > limit {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Object validates body as one JSON object (surrounding whitespace allowed) and calls member for
 // each top-level member in document order with its key (unescaped; a sub-slice of body unless the
 // key has escapes) and the value's offsets [start, end) in body. It returns ErrNotJSON,

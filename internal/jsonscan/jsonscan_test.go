@@ -166,3 +166,25 @@ func BenchmarkValid10KB(b *testing.B) {
 		}
 	}
 }
+
+func TestMoreContainersThan(t *testing.T) {
+	parts := func(n int) []byte {
+		return []byte(`{"messages":[{"role":"user","content":[` + strings.Repeat(`{"type":"text","text":"x"},`, n) + `{"type":"text","text":"[{[{"}]}]}`)
+	}
+	for _, tc := range []struct {
+		body  []byte
+		limit int
+		want  bool
+	}{
+		{parts(10), 15, false}, // 1 + 1 + 1 + 1 + 10 + 1 = 15 containers
+		{parts(10), 16, false},
+		{parts(10), 14, true},
+		{[]byte(`{"a":"` + strings.Repeat("{[", 1000) + `"}`), 10, false}, // brackets inside a string do not count
+		{[]byte(`{"a":"\"` + strings.Repeat("{", 100) + `"}`), 10, false}, // nor after an escaped quote
+		{[]byte(`[[]]`), 1, true},
+	} {
+		if got := MoreContainersThan(tc.body, tc.limit); got != tc.want {
+			t.Errorf("MoreContainersThan(%.60s…, %d) = %v, want %v", tc.body, tc.limit, got, tc.want)
+		}
+	}
+}

@@ -1,10 +1,15 @@
 package replica
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/security/null"
 
 	"github.com/kvepp/kvepp/internal/zmqtcp"
 	"github.com/kvepp/kvepp/internal/zmqtcp/zmqtcptest"
@@ -54,5 +59,55 @@ func TestAHostilePeerIsNotFollowed(t *testing.T) {
 	eventually(t, "the oversized frame to be refused", func() bool { return zmqtcp.OversizedFrames() > before })
 	if st := b.Stats(); st.PeersConnected != 0 {
 		t.Fatalf("connected to the hostile peer: %+v", st)
+	}
+}
+
+// TestASubscriberWithTooManyTopicsIsDisconnected: a subscriber asking for more topics than a
+// replica ever does is closed, so it cannot pin memory (or slow every publish) with thousands.
+func TestASubscriberWithTooManyTopicsIsDisconnected(t *testing.T) {
+	a := newManager(t, 1)
+	raw, err := net.Dial("tcp", a.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	sub, err := zmq4.Open(raw, null.Security(), zmq4.Sub, zmq4.SocketIdentity(""), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the subscriber", func() bool { return a.Stats().Subscribers == 1 })
+	for i := 0; i <= maxSubscriptions; i++ {
+		if err := sub.SendMsg(zmq4.NewMsg(append([]byte{1}, fmt.Sprintf("topic-%d", i)...))); err != nil {
+			break // the publisher may already have closed it
+		}
+	}
+	eventually(t, "the subscriber to be dropped", func() bool { return a.Stats().Subscribers == 0 })
+}
+
+// TestOneAddressCannotTakeEveryConnectionSlot: connections from one address beyond
+// maxSubscribersPerHost are closed at once, so idle connections from one place cannot lock the
+// replicas out of the PUB socket.
+func TestOneAddressCannotTakeEveryConnectionSlot(t *testing.T) {
+	a := newManager(t, 1)
+	var conns []net.Conn
+	for i := 0; i <= maxSubscribersPerHost; i++ {
+		c, err := net.Dial("tcp", a.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	// The admitted ones get a greeting (and then wait out the 5 s handshake timeout); the one over
+	// the share is closed at once, without one.
+	closed := 0
+	for _, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Read(make([]byte, 64)); errors.Is(err, io.EOF) {
+			closed++
+		}
+	}
+	if closed != 1 {
+		t.Fatalf("%d of %d connections from one address were closed, want 1", closed, len(conns))
 	}
 }

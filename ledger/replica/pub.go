@@ -25,6 +25,13 @@ const (
 	// subscriberFrameBytes bounds what a subscriber may send in one frame or message: it sends
 	// only its greeting, handshake commands and subscriptions (a topic prefix each).
 	subscriberFrameBytes = 4096
+	// maxSubscriptions bounds one subscriber's topics (a replica subscribes to two); a further
+	// subscription closes the connection, so no subscriber holds memory, or slows every publish,
+	// with thousands of topics.
+	maxSubscriptions = 16
+	// maxSubscribersPerHost bounds the connections from one IP address (a replica opens one;
+	// several replicas on one host, as in tests and on one machine, open one each).
+	maxSubscribersPerHost = 32
 	// maxSubscribers bounds the connected subscribers (each holds a queue and a goroutine);
 	// further connections are closed at once.
 	maxSubscribers = 1024
@@ -55,7 +62,8 @@ type publisher struct {
 	closed bool
 	wg     sync.WaitGroup
 	count  atomic.Int64
-	open   atomic.Int64 // connections being served, handshaking or subscribed
+	open   atomic.Int64   // connections being served, handshaking or subscribed
+	perIP  map[string]int // connections being served by remote address (guarded by mu)
 }
 
 // subscriber is one connected SUB socket.
@@ -120,10 +128,11 @@ func (p *publisher) accept() {
 func (p *publisher) serve(raw net.Conn) {
 	defer p.wg.Done()
 	defer p.open.Add(-1)
-	if p.open.Add(1) > maxSubscribers {
+	if p.open.Add(1) > maxSubscribers || !p.admitFrom(raw) {
 		_ = raw.Close()
 		return
 	}
+	defer p.leave(raw)
 	_ = raw.SetDeadline(time.Now().Add(handshakeTimeout))
 	conn, err := zmq4.Open(zmqtcp.LimitFramesTo(raw, subscriberFrameBytes), null.Security(), zmq4.Pub, zmq4.SocketIdentity(""), true, nil)
 	if err != nil {
@@ -187,6 +196,10 @@ func (s *subscriber) readSubscriptions() {
 		s.mu.Lock()
 		switch f[0] {
 		case 1:
+			if _, known := s.topics[string(f[1:])]; !known && len(s.topics) >= maxSubscriptions {
+				s.mu.Unlock()
+				return // a subscriber that wants more topics than there are is not a replica
+			}
 			s.topics[string(f[1:])] = struct{}{}
 		case 0:
 			delete(s.topics, string(f[1:]))
@@ -241,4 +254,40 @@ func (p *publisher) close() error {
 	err := p.ln.Close()
 	p.wg.Wait()
 	return err
+}
+
+// remoteHost is the IP address a connection comes from ("" when it has none).
+func remoteHost(c net.Conn) string {
+	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return ""
+	}
+	return host
+}
+
+// admitFrom counts c against its address's share, reporting false when that address already
+// has maxSubscribersPerHost connections: a replica opens one per peer, so idle connections from
+// one place cannot fill every slot and lock the real replicas out.
+func (p *publisher) admitFrom(c net.Conn) bool {
+	host := remoteHost(c)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.perIP == nil {
+		p.perIP = map[string]int{}
+	}
+	if p.perIP[host] >= maxSubscribersPerHost {
+		return false
+	}
+	p.perIP[host]++
+	return true
+}
+
+// leave undoes admitFrom.
+func (p *publisher) leave(c net.Conn) {
+	host := remoteHost(c)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.perIP[host]--; p.perIP[host] <= 0 {
+		delete(p.perIP, host)
+	}
 }
