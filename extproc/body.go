@@ -107,16 +107,16 @@ var (
 	errModelType = picker.Errorf(picker.KindBadRequest, "\"model\" must be a string")
 )
 
+// MaxBodyValues bounds the JSON values of one request body (250,000, counted by
+// jsonscan.MoreValuesThan): the tokenizer builds a tree node of about a hundred bytes per value
+// and renders the messages, so a 64 MiB body (or a 60 KB gzip body that decodes to one) of
+// millions of tiny values would cost gigabytes before any other bound applied. Real requests
+// have far fewer: a 2,000-turn agent conversation with 20 tool schemas is under 100,000.
+const MaxBodyValues = 250_000
+
+var errTooManyValues = picker.Errorf(picker.KindBadRequest, "request body has more than %d JSON values", MaxBodyValues)
+
 // errTooDeep is the 400 of a body that is valid JSON except for its nesting depth.
-// MaxBodyContainers bounds the JSON objects and arrays of one request body (100,000): the
-// tokenizer builds a tree of the messages and renders them, about a kilobyte of memory per content
-// part, so a 64 MiB body (or a 200 KB gzip body that decodes to one) of millions of tiny parts
-// would cost gigabytes before any other bound applied. Real requests have far fewer: a 2,000-turn
-// conversation with tools is a few tens of thousands.
-const MaxBodyContainers = 100_000
-
-var errTooManyContainers = picker.Errorf(picker.KindBadRequest, "request body has more than %d JSON objects and arrays", MaxBodyContainers)
-
 var errTooDeep = picker.Errorf(picker.KindBadRequest, "request body nests JSON deeper than %d levels", jsonscan.MaxDepth)
 
 // parseBody validates body as a JSON object (one pass, jsonscan.Object) and extracts the routing
@@ -143,8 +143,8 @@ func parseBody(body []byte) (*parsedBody, error) {
 	}
 	switch err {
 	case nil:
-		if jsonscan.MoreContainersThan(body, MaxBodyContainers) {
-			return nil, errTooManyContainers
+		if jsonscan.MoreValuesThan(body, MaxBodyValues) {
+			return nil, errTooManyValues
 		}
 	case jsonscan.ErrTooDeep:
 		return nil, errTooDeep

@@ -185,12 +185,18 @@ func TestDeeplyNestedJSONIsReportedAsTooDeep(t *testing.T) {
 	checkImmediate(t, ex, 400, "invalid_request_error", "request body nests JSON deeper than 10000 levels")
 }
 
-func TestABodyOfTooManyContainersIsRefused(t *testing.T) {
+func TestABodyOfTooManyValuesIsRefused(t *testing.T) {
 	h := newHarness(t, nil)
-	parts := strings.Repeat(`{"type":"text","text":"x"},`, extproc.MaxBodyContainers)
-	body := `{"model":"m","messages":[{"role":"user","content":[` + parts + `{"type":"text","text":"x"}]}]}`
-	ex := h.do(t, extproctest.Request{Body: []byte(body)})
-	checkImmediate(t, ex, 400, "invalid_request_error", "request body has more than 100000 JSON objects and arrays")
+	for name, junk := range map[string]string{
+		"content parts":                     strings.Repeat(`{"type":"text","text":"x"},`, extproc.MaxBodyValues/2) + `{"type":"text","text":"x"}`,
+		"numbers in a field no one renders": `{"type":"text","text":"x","junk":[` + strings.Repeat("0,", extproc.MaxBodyValues) + `0]}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			body := `{"model":"m","messages":[{"role":"user","content":[` + junk + `]}]}`
+			ex := h.do(t, extproctest.Request{Body: []byte(body)})
+			checkImmediate(t, ex, 400, "invalid_request_error", "request body has more than 250000 JSON values")
+		})
+	}
 }
 
 func TestTheRoutingReplyCarriesTheDecisionOnRequest(t *testing.T) {

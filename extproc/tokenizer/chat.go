@@ -332,6 +332,7 @@ var textPartTypes = map[string]string{
 // whole); first is the index of messages[0] in the request, for error messages.
 func conversation(messages []*jval, first int, openAI bool, images imageMode) (*jval, error) {
 	out := &jval{kind: jArray, arr: make([]*jval, 0, len(messages))}
+	argBudget := MaxJSONValues // values all tool-call arguments of this conversion may build
 	for i, m := range messages {
 		i += first
 		if m.kind != jObject {
@@ -388,7 +389,7 @@ func conversation(messages []*jval, first int, openAI bool, images imageMode) (*
 					return nil, badRequest("messages[%d].tool_calls is %s, want an array", i, tc.typeName())
 				}
 				if len(tc.arr) > 0 {
-					if err := parseToolArguments(tc, i); err != nil {
+					if err := parseToolArguments(tc, i, &argBudget); err != nil {
 						return nil, err
 					}
 					msg.set("tool_calls", tc)
@@ -483,8 +484,10 @@ func contentParts(c *jval, msg int, images imageMode) ([]contentPart, error) {
 
 // parseToolArguments applies vLLM's _postprocess_messages: a tool call's function.arguments
 // string is parsed into an object; falsy arguments, and a string that does not parse to a JSON
-// object (invalid JSON, "null", "[1,2]", "42", two concatenated objects), become {}.
-func parseToolArguments(calls *jval, msgIndex int) error {
+// object (invalid JSON, "null", "[1,2]", "42", two concatenated objects), become {}. The calls
+// of one conversion share budget (values the parsed arguments may build); exceeding it is a
+// *RequestError.
+func parseToolArguments(calls *jval, msgIndex int, budget *int) error {
 	for k, call := range calls.arr {
 		if call.kind != jObject {
 			return badRequest("messages[%d].tool_calls[%d] is %s, want an object", msgIndex, k, call.typeName())
@@ -499,7 +502,16 @@ func parseToolArguments(calls *jval, msgIndex int) error {
 			fn.set("arguments", newObject())
 		case args.kind == jObject || args.kind == jArray:
 		case args.kind == jString:
-			parsed, err := decodeOrdered([]byte(args.s))
+			// The arguments of all tool calls share one budget of values: strings are not
+			// counted by the body's scan, so this is what bounds them.
+			if *budget <= 0 { // (a limit of 0 would mean none)
+				return badRequest("the tool-call arguments hold more than %d JSON values", MaxJSONValues)
+			}
+			parsed, n, err := decodeOrderedLimit([]byte(args.s), *budget)
+			*budget -= n
+			if *budget < 0 {
+				return badRequest("the tool-call arguments hold more than %d JSON values", MaxJSONValues)
+			}
 			if err != nil || parsed.kind != jObject {
 				parsed = newObject()
 			}

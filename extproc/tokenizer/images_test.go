@@ -158,3 +158,29 @@ func TestImageRoutingIsBounded(t *testing.T) {
 		}
 	})
 }
+
+// TestDecodingIsBoundedInValues: one decode builds at most MaxJSONValues values, and the
+// tool-call arguments of a conversation (strings, which the body scan does not count) share one
+// such budget.
+func TestDecodingIsBoundedInValues(t *testing.T) {
+	if _, n, err := decodeOrderedLimit([]byte(`[`+strings.Repeat("0,", 99)+`0]`), 101); err != nil || n != 101 {
+		t.Fatalf("101 values under a limit of 101: %d, %v", n, err)
+	}
+	if _, _, err := decodeOrderedLimit([]byte(`[`+strings.Repeat("0,", 100)+`0]`), 101); err == nil || !strings.Contains(err.Error(), "more than 101 JSON values") {
+		t.Fatalf("102 values under a limit of 101: %v", err)
+	}
+	tk := qwen3(t)
+	args := `{\"a\":[` + strings.Repeat("{},", MaxJSONValues/2) + `{}]}`
+	call := `{"id":"c%d","type":"function","function":{"name":"f","arguments":"` + args + `"}}`
+	body := `{"messages":[{"role":"user","content":"q"},{"role":"assistant","tool_calls":[` +
+		strings.ReplaceAll(call, "%d", "1") + `,` + strings.ReplaceAll(call, "%d", "2") + `]},{"role":"tool","tool_call_id":"c1","content":"r"}]}`
+	r, err := ParseRequest([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = tk.ChatPromptFor(r, ChatOptions{ImageTokens: 256})
+	var re *RequestError
+	if !errors.As(err, &re) || !strings.Contains(err.Error(), "tool-call arguments hold more than 250000 JSON values") {
+		t.Fatalf("two calls of %d values each: %v", MaxJSONValues/2+2, err)
+	}
+}

@@ -123,23 +123,37 @@ const maxJSONDepth = 10000
 // times, which dominated TokenizeChat on long prompts. Invalid UTF-8 and lone surrogate escapes
 // become U+FFFD, as encoding/json does.
 func decodeOrdered(data []byte) (*jval, error) {
-	p := jsonParser{data: data}
+	v, _, err := decodeOrderedLimit(data, MaxJSONValues)
+	return v, err
+}
+
+// MaxJSONValues bounds the values (objects, arrays, strings, numbers, literals) one decode of a
+// request's JSON builds (250,000): every value is a tree node of about a hundred bytes, so a body
+// of millions of zeros in a field no template reads would otherwise cost gigabytes.
+const MaxJSONValues = 250_000
+
+// decodeOrderedLimit is decodeOrdered building at most limit values; it also returns how many it
+// built. More is an error.
+func decodeOrderedLimit(data []byte, limit int) (*jval, int, error) {
+	p := jsonParser{data: data, limit: limit}
 	p.skipWS()
 	v, err := p.value(0)
 	if err != nil {
-		return nil, err
+		return nil, p.values, err
 	}
 	p.skipWS()
 	if p.pos != len(p.data) {
-		return nil, p.errorf("unexpected data after the top-level JSON value")
+		return nil, p.values, p.errorf("unexpected data after the top-level JSON value")
 	}
-	return v, nil
+	return v, p.values, nil
 }
 
 type jsonParser struct {
-	data []byte
-	pos  int
-	buf  []byte
+	data   []byte
+	pos    int
+	buf    []byte
+	values int // values built so far
+	limit  int // at most this many (0 = no bound: tokenizer files, not requests)
 }
 
 func (p *jsonParser) errorf(format string, args ...any) error {
@@ -160,6 +174,9 @@ func (p *jsonParser) skipWS() {
 func (p *jsonParser) value(depth int) (*jval, error) {
 	if depth > maxJSONDepth {
 		return nil, p.errorf("nesting deeper than %d", maxJSONDepth)
+	}
+	if p.values++; p.limit > 0 && p.values > p.limit {
+		return nil, p.errorf("more than %d JSON values", p.limit)
 	}
 	if p.pos >= len(p.data) {
 		return nil, p.errorf("unexpected end of input")

@@ -221,11 +221,13 @@ func NestsTooDeep(b []byte) bool {
 	return false
 }
 
-// MoreContainersThan reports whether b opens more than limit arrays and objects in all (outside
-// strings). A body shorter than 2·limit bytes cannot (each takes at least two bytes) and is not
-// scanned.
-func MoreContainersThan(b []byte, limit int) bool {
-	if len(b) <= 2*limit {
+// MoreValuesThan reports whether b holds more than limit JSON values in all, counted outside
+// strings as the arrays and objects opened plus the separating commas (each value after the
+// first of an array or object follows one), which never undercounts by more than one. A body
+// shorter than limit bytes cannot (each value but the first takes at least two bytes with its
+// separator) and is not scanned.
+func MoreValuesThan(b []byte, limit int) bool {
+	if len(b) <= limit {
 		return false
 	}
 	n, inString := 0, false
@@ -240,7 +242,7 @@ func MoreContainersThan(b []byte, limit int) bool {
 			}
 		case c == '"':
 			inString = true
-		case c == '[' || c == '{':
+		case c == '[' || c == '{' || c == ',':
 			if n++; n > limit {
 				return true
 			}

@@ -167,24 +167,25 @@ func BenchmarkValid10KB(b *testing.B) {
 	}
 }
 
-func TestMoreContainersThan(t *testing.T) {
+func TestMoreValuesThan(t *testing.T) {
 	parts := func(n int) []byte {
-		return []byte(`{"messages":[{"role":"user","content":[` + strings.Repeat(`{"type":"text","text":"x"},`, n) + `{"type":"text","text":"[{[{"}]}]}`)
+		return []byte(`{"messages":[{"role":"user","content":[` + strings.Repeat(`{"type":"text"},`, n) + `{"type":"text"}]}]}`)
 	}
+	// parts(10): 4 containers before the parts, 11 part objects, 1 + 10 commas: 26.
 	for _, tc := range []struct {
 		body  []byte
 		limit int
 		want  bool
 	}{
-		{parts(10), 15, false}, // 1 + 1 + 1 + 1 + 10 + 1 = 15 containers
-		{parts(10), 16, false},
-		{parts(10), 14, true},
-		{[]byte(`{"a":"` + strings.Repeat("{[", 1000) + `"}`), 10, false}, // brackets inside a string do not count
-		{[]byte(`{"a":"\"` + strings.Repeat("{", 100) + `"}`), 10, false}, // nor after an escaped quote
-		{[]byte(`[[]]`), 1, true},
+		{parts(10), 26, false},
+		{parts(10), 25, true},
+		{[]byte(`{"a":[` + strings.Repeat("0,", 99) + `0]}`), 101, false}, // 2 containers + 99 commas
+		{[]byte(`{"a":[` + strings.Repeat("0,", 99) + `0]}`), 100, true},
+		{[]byte(`{"a":"` + strings.Repeat("{[,", 1000) + `"}`), 10, false}, // inside a string: not counted
+		{[]byte(`{"a":"\"` + strings.Repeat(",", 100) + `"}`), 10, false},  // nor after an escaped quote
 	} {
-		if got := MoreContainersThan(tc.body, tc.limit); got != tc.want {
-			t.Errorf("MoreContainersThan(%.60s…, %d) = %v, want %v", tc.body, tc.limit, got, tc.want)
+		if got := MoreValuesThan(tc.body, tc.limit); got != tc.want {
+			t.Errorf("MoreValuesThan(%.60s…, %d) = %v, want %v", tc.body, tc.limit, got, tc.want)
 		}
 	}
 }
