@@ -552,15 +552,7 @@ func BenchmarkBuiltinSelect(b *testing.B) {
 				cfg.OverlapScoreCreditDecay = decay
 				p, _ := defaultcost.Builtin()(cfg, "select", policies.PartitionID{})
 				ctx := ctxWith(rand.New(rand.NewPCG(1, 1)), nil)
-				ws := s.Workers()
-				var src policies.InputSource = s // convert once: a slice-to-interface conversion allocates
-				b.ReportAllocs()
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					if _, err := p.Select(ctx, ws, src); err != nil {
-						b.Fatal(err)
-					}
-				}
+				policytest.BenchSelect(b, p, ctx, s)
 			})
 		}
 	}

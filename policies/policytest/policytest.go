@@ -92,6 +92,23 @@ func Select(p *policies.WorkerSelectionPolicy, params policies.ContextParams, rn
 	return p.Select(policies.NewWorkerSelectionContext(params), s.Workers(), s)
 }
 
+// BenchSelect is the measured loop of a policy benchmark: b.N calls of p.Select over src in its
+// order, with ctx, allocations reported and the timer reset first (setup and any warm-up the
+// caller did are not counted). src is converted to an InputSource once, outside the loop: a
+// slice-to-interface conversion allocates.
+func BenchSelect(b *testing.B, p *policies.WorkerSelectionPolicy, ctx *policies.WorkerSelectionContext, src Source) {
+	b.Helper()
+	ws := src.Workers()
+	var in policies.InputSource = src
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := p.Select(ctx, ws, in); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // NoInputs returns an InputSource for policies that declare no input group: computing any group
 // fails t, naming the group.
 func NoInputs(t testing.TB) policies.InputSource { return noInputs{t} }

@@ -45,15 +45,7 @@ func BenchmarkSelect(b *testing.B) {
 				}
 				ctx := policies.NewWorkerSelectionContext(policies.ContextParams{ISLTokens: 1024, BlockSize: bs, TracksPrefillTokens: true,
 					Rand: rand.New(rand.NewPCG(1, 1))})
-				ws := s.Workers()
-				var src policies.InputSource = s // convert once: a slice-to-interface conversion allocates
-				b.ReportAllocs()
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					if _, err := p.Select(ctx, ws, src); err != nil {
-						b.Fatal(err)
-					}
-				}
+				policytest.BenchSelect(b, p, ctx, s)
 			})
 		}
 	}

@@ -152,20 +152,12 @@ func BenchmarkStackedLoadCache(b *testing.B) {
 			for i := range s {
 				s[i] = row(uint64(i), gen.IntN(64), gen.IntN(16))
 			}
-			ws := s.Workers()
-			var src policies.InputSource = s // convert once: a slice-to-interface conversion allocates
 			p := newPolicy(b, `{"active_requests_weight": 2, "uncached_blocks_weight": 1}`)
 			ctx := policies.NewWorkerSelectionContext(policies.ContextParams{ISLTokens: 1024, BlockSize: 16, Rand: rand.New(rand.NewPCG(3, 4))})
-			if _, err := p.Select(ctx, ws, src); err != nil { // grow the policy's buffers once
+			if _, err := p.Select(ctx, s.Workers(), s); err != nil { // grow the policy's buffers once
 				b.Fatal(err)
 			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if _, err := p.Select(ctx, ws, src); err != nil {
-					b.Fatal(err)
-				}
-			}
+			policytest.BenchSelect(b, p, ctx, s)
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/candidate")
 		})
 	}
