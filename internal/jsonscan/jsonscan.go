@@ -198,27 +198,16 @@ func digits(b []byte, i int) int {
 // strings), which ValidValue refuses: it tells an over-deep body from malformed JSON for error
 // messages.
 func NestsTooDeep(b []byte) bool {
-	depth, inString := 0, false
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		switch {
-		case inString:
-			if c == '\\' {
-				i++
-			} else if c == '"' {
-				inString = false
-			}
-		case c == '"':
-			inString = true
-		case c == '[' || c == '{':
-			if depth++; depth > MaxDepth {
-				return true
-			}
-		case c == ']' || c == '}':
+	depth := 0
+	return outsideStrings(b, func(c byte) bool {
+		switch c {
+		case '[', '{':
+			depth++
+		case ']', '}':
 			depth--
 		}
-	}
-	return false
+		return depth > MaxDepth
+	})
 }
 
 // MoreValuesThan reports whether b holds more than limit JSON values in all, counted outside
@@ -230,22 +219,31 @@ func MoreValuesThan(b []byte, limit int) bool {
 	if len(b) <= limit {
 		return false
 	}
-	n, inString := 0, false
+	n := 0
+	return outsideStrings(b, func(c byte) bool {
+		if c == '[' || c == '{' || c == ',' {
+			n++
+		}
+		return n > limit
+	})
+}
+
+// outsideStrings calls visit with every byte of b that is not inside a string (string contents
+// are skipped eight bytes at a time, StringSpecial) until visit returns true, and reports whether
+// it did. b need not be valid JSON: an unterminated string runs to the end.
+func outsideStrings(b []byte, visit func(c byte) bool) bool {
 	for i := 0; i < len(b); i++ {
-		c := b[i]
-		switch {
-		case inString:
-			if c == '\\' {
-				i++
-			} else if c == '"' {
-				inString = false
-			}
-		case c == '"':
-			inString = true
-		case c == '[' || c == '{' || c == ',':
-			if n++; n > limit {
+		if b[i] != '"' {
+			if visit(b[i]) {
 				return true
 			}
+			continue
+		}
+		for i = StringSpecial(b, i+1); i < len(b) && b[i] != '"'; i = StringSpecial(b, i) {
+			if b[i] == '\\' {
+				i++ // the escaped byte
+			}
+			i++
 		}
 	}
 	return false
