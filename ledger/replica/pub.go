@@ -62,8 +62,8 @@ type publisher struct {
 	closed bool
 	wg     sync.WaitGroup
 	count  atomic.Int64
-	open   atomic.Int64   // connections being served, handshaking or subscribed
-	perIP  map[string]int // connections being served by remote address (guarded by mu)
+	served int            // connections being served, handshaking or subscribed (guarded by mu)
+	perIP  map[string]int // of those, by remote address (guarded by mu)
 }
 
 // subscriber is one connected SUB socket.
@@ -127,12 +127,12 @@ func (p *publisher) accept() {
 // serve performs the handshake and runs the subscriber until it or the socket closes.
 func (p *publisher) serve(raw net.Conn) {
 	defer p.wg.Done()
-	defer p.open.Add(-1)
-	if p.open.Add(1) > maxSubscribers || !p.admitFrom(raw) {
+	host, ok := p.admit(raw)
+	if !ok {
 		_ = raw.Close()
 		return
 	}
-	defer p.leave(raw)
+	defer p.leave(host)
 	_ = raw.SetDeadline(time.Now().Add(handshakeTimeout))
 	conn, err := zmq4.Open(zmqtcp.LimitFramesTo(raw, subscriberFrameBytes), null.Security(), zmq4.Pub, zmq4.SocketIdentity(""), true, nil)
 	if err != nil {
@@ -265,28 +265,30 @@ func remoteHost(c net.Conn) string {
 	return host
 }
 
-// admitFrom counts c against its address's share, reporting false when that address already
-// has maxSubscribersPerHost connections: a replica opens one per peer, so idle connections from
-// one place cannot fill every slot and lock the real replicas out.
-func (p *publisher) admitFrom(c net.Conn) bool {
-	host := remoteHost(c)
+// admit counts c among the connections being served and returns its address, reporting false
+// when maxSubscribers are served or its address has maxSubscribersPerHost of them: a replica
+// opens one per peer, so idle connections from one place cannot fill every slot and lock the
+// real replicas out.
+func (p *publisher) admit(c net.Conn) (host string, ok bool) {
+	host = remoteHost(c)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.served >= maxSubscribers || p.perIP[host] >= maxSubscribersPerHost {
+		return host, false
+	}
 	if p.perIP == nil {
 		p.perIP = map[string]int{}
 	}
-	if p.perIP[host] >= maxSubscribersPerHost {
-		return false
-	}
+	p.served++
 	p.perIP[host]++
-	return true
+	return host, true
 }
 
-// leave undoes admitFrom.
-func (p *publisher) leave(c net.Conn) {
-	host := remoteHost(c)
+// leave undoes admit for a connection from host.
+func (p *publisher) leave(host string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.served--
 	if p.perIP[host]--; p.perIP[host] <= 0 {
 		delete(p.perIP, host)
 	}
