@@ -504,10 +504,7 @@ func parseToolArguments(calls *jval, msgIndex int, budget *int) error {
 		case args.kind == jString:
 			// The arguments of all tool calls share one budget of values: strings are not
 			// counted by the body's scan, so this is what bounds them.
-			if *budget <= 0 { // (a limit of 0 would mean none)
-				return badRequest("the tool-call arguments hold more than %d JSON values", MaxJSONValues)
-			}
-			parsed, n, err := decodeOrderedLimit([]byte(args.s), *budget)
+			parsed, n, err := decodeOrderedLimit([]byte(args.s), max(*budget, 1)) // (a limit of 0 means none)
 			*budget -= n
 			if *budget < 0 {
 				return badRequest("the tool-call arguments hold more than %d JSON values", MaxJSONValues)

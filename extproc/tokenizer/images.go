@@ -126,15 +126,15 @@ func (t *Tokenizer) splitAtImages(prompt string, images int, addSpecial bool, im
 	if images > MaxImagesPerRequest {
 		return ChatPrompt{}, badRequest("the request has %d image parts; kvepp routes at most %d per request", images, MaxImagesPerRequest)
 	}
-	// Fewer sentinels than image parts is fine (the template did not render some messages, e.g.
-	// a developer turn); more can only come from the request's own text.
-	if n := strings.Count(prompt, imageSentinel); n > images {
-		return ChatPrompt{}, badRequest("the request's text contains the character sequence U+E000 \"kvepp-image\" U+E001, which kvepp reserves to mark images")
-	}
-	first := strings.Index(prompt, imageSentinel)
+	first := strings.Index(prompt, imageSentinel) // one scan of a text-only prompt
 	if first < 0 {
 		ids := t.Encode(prompt, addSpecial)
 		return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids)}, nil
+	}
+	// Fewer sentinels than image parts is fine (the template did not render some messages, e.g.
+	// a developer turn); more can only come from the request's own text.
+	if 1+strings.Count(prompt[first+len(imageSentinel):], imageSentinel) > images {
+		return ChatPrompt{}, badRequest("the request's text contains the character sequence U+E000 \"kvepp-image\" U+E001, which kvepp reserves to mark images")
 	}
 	prefix := prompt[:first]
 	rest := strings.ReplaceAll(prompt[first+len(imageSentinel):], imageSentinel, "")
