@@ -524,11 +524,17 @@ func (l *Ledger) FreeWorker(workerID uint64) []Booking {
 // state only; publishing nothing is the caller's concern. Claims are never expired. O(live
 // bookings).
 func (l *Ledger) ExpireAdmittedBefore(t time.Time) []Booking {
+	return l.releaseWhere(func(b *Booking) bool { return b.Admitted.Before(t) })
+}
+
+// releaseWhere releases every live booking for which match is true and returns them. O(live
+// bookings); claims are never released.
+func (l *Ledger) releaseWhere(match func(*Booking) bool) []Booking {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []Booking
 	for i, s := range l.slots {
-		if s.live && s.b.Admitted.Before(t) {
+		if s.live && match(&s.b) {
 			out = append(out, l.release(int32(i)))
 		}
 	}

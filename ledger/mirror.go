@@ -96,13 +96,5 @@ func (l *Ledger) ReleaseMirrorsOf(origin uint64) []Booking {
 	if origin == 0 {
 		return nil
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []Booking
-	for i, s := range l.slots {
-		if s.live && s.b.Origin == origin {
-			out = append(out, l.release(int32(i)))
-		}
-	}
-	return out
+	return l.releaseWhere(func(b *Booking) bool { return b.Origin == origin })
 }
