@@ -34,6 +34,9 @@ type chatTemplate struct {
 	// whole); cacheID tells its entries apart in a ConversationCache.
 	plan    *incrementalPlan
 	cacheID uint64
+	// splits are the template's str.split call sites, checked against MaxTemplateSplitValues
+	// before every render.
+	splits splitBudget
 }
 
 // chatConfig is the chat part of tokenizer_config.json.
@@ -54,7 +57,7 @@ func compileChatTemplate(name, src string) (*chatTemplate, error) {
 		return nil, fmt.Errorf("compile chat template %q: %w", name, err)
 	}
 	return &chatTemplate{name: name, tmpl: tmpl, texts: pt.texts, openAIContent: contentLoopRE.MatchString(src),
-		plan: provenTemplates[templateDigest(src)], cacheID: cacheIDs.Add(1)}, nil
+		plan: provenTemplates[templateDigest(src)], cacheID: cacheIDs.Add(1), splits: parseSplitBudget(src)}, nil
 }
 
 func parseChatConfig(cfgData, jinjaFile []byte) (*chatConfig, error) {
@@ -225,6 +228,9 @@ func (t *Tokenizer) renderConversation(tmpl *chatTemplate, in *chatInput, conv *
 		if tools, err = dumpTools(in.tools); err != nil {
 			return "", err
 		}
+	}
+	if err := tmpl.splits.check(conv, tools, in.kwargs); err != nil {
+		return "", err
 	}
 	vb := &valueBuilder{}
 	data := make(map[string]jinja.Value, 8)
