@@ -165,8 +165,8 @@ func (l localTokenizer) TokenizePrompt(_ context.Context, call extproc.TokenizeC
 		p, err := l.ChatPromptFor(req, tokenizer.ChatOptions{ImageTokens: l.imageTokens, Cache: l.convCache})
 		return routedPrompt(p), err
 	case extproc.PromptCompletion:
-		ids, err := l.CompletionIDs(req)
-		return extproc.TokenizedPrompt{TokenIDs: ids}, err
+		p, err := l.CompletionPromptFor(req)
+		return routedPrompt(p), err
 	default:
 		p, err := l.ResponsesPromptFor(req, l.imageTokens)
 		return routedPrompt(p), err

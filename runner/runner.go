@@ -36,6 +36,7 @@ import (
 
 	"github.com/kvepp/kvepp/catalog"
 	"github.com/kvepp/kvepp/extproc"
+	"github.com/kvepp/kvepp/extproc/tokenizer"
 	"github.com/kvepp/kvepp/internal/zmqtcp"
 	"github.com/kvepp/kvepp/kvindex/kvevents"
 	"github.com/kvepp/kvepp/picker"
@@ -304,6 +305,9 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	inst.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvepp_zmq_oversized_frames_total",
 		Help: "ZeroMQ connections (KV events, replica sync) closed because the peer declared a frame or message above its bound (16 MiB; 4 KiB from a replica-sync subscriber) or a message of more than 64 parts."},
 		func() float64 { return float64(zmqtcp.OversizedFrames()) }))
+	inst.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvepp_tokenizer_inexact_pieces_total",
+		Help: "Pre-tokenized pieces (a word, or a run of spaces or punctuation) longer than 16 KiB that the local tokenizer estimated instead of encoding: their request was routed with the ids from that piece on booked as uncached, or refused where exact ids are required (/tokenize)."},
+		func() float64 { return float64(tokenizer.InexactPieces()) }))
 	metricsLn, err := listen(cfg.BindAddress, cfg.MetricsPort, cfg.name("DYN_EPP_METRICS_PORT"))
 	if err != nil {
 		return nil, err

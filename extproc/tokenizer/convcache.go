@@ -561,12 +561,13 @@ func (r *convRequest) extend(e *convEntry, k int) ([]uint32, bool, error) {
 	pre := len(ids)
 	ids = append(ids, e.ids...)
 	var marks []segMark
+	before := InexactPieces()
 	ids = r.t.appendEncodedAt(text, false, e.afterToken, ids, &marks)
 	if r.addSpecial {
 		ids = append(ids, r.t.post.suffix...)
 	}
 	r.longest = e
-	if j := r.lastBoundary(conv.arr, k); j > k {
+	if j := r.lastBoundary(conv.arr, k); j > k && cacheable(ids, before) {
 		// As from scratch, the boundary before the last one too: the next request may repeat
 		// this one's history with another last message.
 		parent := e
@@ -607,11 +608,12 @@ func (r *convRequest) fromScratch() ([]uint32, bool, error) {
 	}
 	pre := len(ids)
 	var marks []segMark
+	before := InexactPieces()
 	ids = r.t.appendEncodedAt(text, true, false, ids, &marks)
 	if r.addSpecial {
 		ids = append(ids, r.t.post.suffix...)
 	}
-	if valid {
+	if valid && cacheable(ids, before) {
 		if j := r.lastBoundary(conv.arr, 0); j >= 0 {
 			var parent *convEntry
 			if j2 := r.lastBoundary(conv.arr[:j], 0); j2 >= 0 {

@@ -73,12 +73,17 @@ func (t *Tokenizer) ChatPromptFor(r *Request, o ChatOptions) (ChatPrompt, error)
 	}
 	in.images = imagesAsSentinels
 	if o.Cache != nil {
+		before := InexactPieces()
 		ids, memo, handled, err := t.cachedChat(in, addSpecial, o.Cache)
 		if err != nil {
 			return ChatPrompt{}, err
 		}
 		if handled {
-			return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids), Memo: memo}, nil
+			exact, err := boundPrompt(ids, before)
+			if err != nil {
+				return ChatPrompt{}, err
+			}
+			return ChatPrompt{TokenIDs: ids, UncachedFrom: exact, Memo: memo}, nil
 		}
 	}
 	prompt, err := t.render(in)
@@ -126,10 +131,12 @@ func (t *Tokenizer) splitAtImages(prompt string, images int, addSpecial bool, im
 	if images > MaxImagesPerRequest {
 		return ChatPrompt{}, badRequest("the request has %d image parts; kvepp routes at most %d per request", images, MaxImagesPerRequest)
 	}
+	before := InexactPieces()
 	first := strings.Index(prompt, imageSentinel) // one scan of a text-only prompt
 	if first < 0 {
-		ids := t.Encode(prompt, addSpecial)
-		return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids)}, nil
+		ids := t.encode(prompt, addSpecial)
+		exact, err := boundPrompt(ids, before)
+		return ChatPrompt{TokenIDs: ids, UncachedFrom: exact}, err
 	}
 	// Fewer sentinels than image parts is fine (the template did not render some messages, e.g.
 	// a developer turn); more can only come from the request's own text.
@@ -155,7 +162,22 @@ func (t *Tokenizer) splitAtImages(prompt string, images int, addSpecial bool, im
 	if addSpecial {
 		ids = append(ids, t.post.suffix...)
 	}
-	return ChatPrompt{TokenIDs: ids, UncachedFrom: uncached}, nil
+	exact, err := boundPrompt(ids, before)
+	return ChatPrompt{TokenIDs: ids, UncachedFrom: min(uncached, exact)}, err
+}
+
+// CompletionPromptFor tokenizes a completions body for routing, as CompletionIDs does, except
+// that a prompt with a piece longer than MaxExactPieceBytes is routed: its ids are exact up to
+// UncachedFrom, the ids from that piece on are estimated (booked as uncached). Errors as
+// TokenizeCompletion, and a *RequestError for a prompt of more than MaxPromptTokens tokens.
+func (t *Tokenizer) CompletionPromptFor(r *Request) (ChatPrompt, error) {
+	before := InexactPieces()
+	ids, encoded, err := t.completionIDs(r)
+	if err != nil || !encoded {
+		return ChatPrompt{TokenIDs: ids, UncachedFrom: len(ids)}, err
+	}
+	exact, err := boundPrompt(ids, before)
+	return ChatPrompt{TokenIDs: ids, UncachedFrom: exact}, err
 }
 
 // appendEncodedText encodes s (without special tokens) onto dst.

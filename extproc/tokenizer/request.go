@@ -254,7 +254,8 @@ func (t *Tokenizer) TokenizeChat(body []byte) ([]uint32, error) {
 	if err != nil {
 		return nil, err
 	}
-	return t.Encode(prompt, addSpecial), nil
+	before := InexactPieces()
+	return exactPrompt(t.encode(prompt, addSpecial), before)
 }
 
 // TokenizeCompletion returns the token ids of a completions body's prompt (epp.md §5.3-5.4): a
@@ -269,48 +270,63 @@ func (t *Tokenizer) TokenizeCompletion(body []byte) ([]uint32, error) {
 	return t.CompletionIDs(r)
 }
 
-// CompletionIDs is TokenizeCompletion for a Request.
+// CompletionIDs is TokenizeCompletion for a Request. Besides TokenizeCompletion's errors, a
+// prompt with a piece longer than MaxExactPieceBytes or of more than MaxPromptTokens tokens is a
+// *RequestError (CompletionPromptFor routes the former).
 func (t *Tokenizer) CompletionIDs(r *Request) ([]uint32, error) {
+	before := InexactPieces()
+	ids, encoded, err := t.completionIDs(r)
+	if err != nil || !encoded {
+		return ids, err
+	}
+	return exactPrompt(ids, before)
+}
+
+// completionIDs is CompletionIDs with estimated pieces left as inexactID; encoded is false for a
+// prompt of token ids (returned as they are).
+func (t *Tokenizer) completionIDs(r *Request) (ids []uint32, encoded bool, err error) {
 	addSpecial, _, err := r.optBool("add_special_tokens", true)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	p, err := r.decode("prompt")
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if p == nil {
-		return nil, badRequest("prompt is missing")
+		return nil, false, badRequest("prompt is missing")
 	}
 	switch p.kind {
 	case jString:
-		return t.Encode(p.s, addSpecial), nil
+		return t.encode(p.s, addSpecial), true, nil
 	case jArray:
 		if len(p.arr) == 0 {
-			return nil, badRequest("prompt is an empty array")
+			return nil, false, badRequest("prompt is an empty array")
 		}
 		first := p.arr[0]
 		switch first.kind {
 		case jString:
 			for i, e := range p.arr {
 				if e.kind != jString {
-					return nil, badRequest("prompt[%d] is %s, want a string like prompt[0]", i, e.typeName())
+					return nil, false, badRequest("prompt[%d] is %s, want a string like prompt[0]", i, e.typeName())
 				}
 			}
-			return t.Encode(first.s, addSpecial), nil
+			return t.encode(first.s, addSpecial), true, nil
 		case jNumber:
-			return tokenIDs(p, "prompt")
+			ids, err := tokenIDs(p, "prompt")
+			return ids, false, err
 		case jArray:
 			for i, e := range p.arr {
 				if e.kind != jArray {
-					return nil, badRequest("prompt[%d] is %s, want an array of token ids", i, e.typeName())
+					return nil, false, badRequest("prompt[%d] is %s, want an array of token ids", i, e.typeName())
 				}
 			}
-			return tokenIDs(first, "prompt[0]")
+			ids, err := tokenIDs(first, "prompt[0]")
+			return ids, false, err
 		}
-		return nil, badRequest("prompt[0] is %s, want a string, a token id or an array of token ids", first.typeName())
+		return nil, false, badRequest("prompt[0] is %s, want a string, a token id or an array of token ids", first.typeName())
 	}
-	return nil, badRequest("prompt is %s, want a string, [string], [int] or [[int]]", p.typeName())
+	return nil, false, badRequest("prompt is %s, want a string, [string], [int] or [[int]]", p.typeName())
 }
 
 func tokenIDs(arr *jval, where string) ([]uint32, error) {
@@ -355,7 +371,8 @@ func (t *Tokenizer) ResponsesIDs(r *Request) ([]uint32, error) {
 	if err != nil {
 		return nil, err
 	}
-	return t.Encode(prompt, false), nil
+	before := InexactPieces()
+	return exactPrompt(t.encode(prompt, false), before)
 }
 
 // ResponsesPromptFor tokenizes a stateless Responses body for routing, as ResponsesIDs does for

@@ -40,6 +40,8 @@ type Tokenizer struct {
 	// reports raw added tokens without lstrip/rstrip/single_word, which the cache needs.
 	cacheID    uint64
 	prefixSafe bool
+
+	long longPieceState // pieces over MaxExactPieceBytes (longpiece.go)
 }
 
 type addedTokenJSON struct {
@@ -303,8 +305,24 @@ func unmarshalSections(sections map[string]json.RawMessage, v any) error {
 // (tokenizer.md steps 2-8): added tokens (special and not) are found in the raw text first, the
 // normalizer runs on each segment between them, then pre-tokenization, byte-level mapping and
 // BPE. addSpecialTokens applies the post-processor (e.g. Llama 3's BOS; none for Qwen3).
-// Invalid UTF-8 bytes are each replaced by U+FFFD first. Never panics.
+// Invalid UTF-8 bytes are each replaced by U+FFFD first. Never panics. Bounds (longpiece.go): a
+// pre-tokenized piece longer than MaxExactPieceBytes is not encoded but estimated, as ids 0; a
+// text of more than MaxPromptTokens ids stops after MaxPromptTokens+1.
 func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
+	before := InexactPieces()
+	ids := t.encode(text, addSpecialTokens)
+	if InexactPieces() != before {
+		for i, id := range ids {
+			if id == inexactID {
+				ids[i] = 0
+			}
+		}
+	}
+	return ids
+}
+
+// encode is Encode with the ids of long pieces left as inexactID (for boundPrompt).
+func (t *Tokenizer) encode(text string, addSpecialTokens bool) []uint32 {
 	if t.model == nil {
 		return nil // a zero Tokenizer (not from Load) encodes nothing
 	}
@@ -367,6 +385,9 @@ func (t *Tokenizer) appendEncodedAt(text string, atStart, afterToken bool, dst [
 	segs := t.getSegs()
 	*segs = t.addedRaw.split(text, *segs)
 	for _, sg := range *segs {
+		if len(dst) > promptTokenLimit {
+			break
+		}
 		if marks != nil {
 			*marks = append(*marks, segMark{sg.start, len(dst), afterToken})
 			afterToken = sg.id >= 0
@@ -415,6 +436,9 @@ func (t *Tokenizer) appendWords(s string, first bool, dst []uint32) []uint32 {
 			}
 			dst = t.appendPiece(s[i:j], dst)
 			i = j
+			if len(dst) > promptTokenLimit {
+				break
+			}
 		}
 		return dst
 	}
@@ -423,12 +447,16 @@ func (t *Tokenizer) appendWords(s string, first bool, dst []uint32) []uint32 {
 			return t.appendCharWord(cs, s, dst)
 		}
 		for _, p := range t.pre.run(s, first) {
-			dst = t.appendCharWord(cs, p, dst)
+			if dst = t.appendCharWord(cs, p, dst); len(dst) > promptTokenLimit {
+				break
+			}
 		}
 		return dst
 	}
 	for _, p := range t.pre.run(s, first) {
-		dst = t.appendPiece(p, dst)
+		if dst = t.appendPiece(p, dst); len(dst) > promptTokenLimit {
+			break
+		}
 	}
 	return dst
 }
@@ -440,6 +468,12 @@ func (t *Tokenizer) appendCharWord(cs *charSymbols, w string, dst []uint32) []ui
 		j := cs.safeCut(t.model, w, i)
 		p := w[i:j]
 		i = j
+		if len(p) > MaxExactPieceBytes {
+			if dst = t.appendLongPiece(p, dst, t.model.encodeChars); len(dst) > promptTokenLimit {
+				break
+			}
+			continue
+		}
 		if len(p) == 1 && p[0] < utf8.RuneSelf {
 			if id := cs.ascii[p[0]]; id >= 0 {
 				dst = append(dst, uint32(id))
@@ -465,6 +499,9 @@ func (t *Tokenizer) appendPiece(p string, dst []uint32) []uint32 {
 	}
 	if len(p) == 0 {
 		return dst
+	}
+	if len(p) > MaxExactPieceBytes {
+		return t.appendLongPiece(p, dst, t.model.encodeWord)
 	}
 	if ids, ok := t.cache.get(p); ok {
 		return append(dst, ids...)

@@ -1,0 +1,141 @@
+package tokenizer
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"unicode/utf8"
+)
+
+// Bounds of one encode (audit 7 R2). BPE keeps per-byte state for a whole pre-tokenized piece
+// (about 32 bytes and, for a piece of megabytes, half a microsecond per byte), and a piece is as
+// long as the request makes it: a 16 MB word without spaces, or a run of 16 million spaces, is one
+// piece that costs seconds of CPU and hundreds of MB. Real text has pieces of a few bytes to a few
+// hundred (the longest: runs of spaces or punctuation in code), so pieces above MaxExactPieceBytes
+// are not merged at all: their ids are an estimate, and the prompt is exact only before them, as
+// after an image ("exact prefix, the rest uncached", ChatPrompt.UncachedFrom).
+const (
+	// MaxExactPieceBytes is the longest pre-tokenized piece (bytes, after normalization) that is
+	// encoded exactly: 16 KiB.
+	MaxExactPieceBytes = 16 << 10
+	// MaxPromptTokens bounds the ids of one encoded prompt (16,777,216 = 2^24, the picker's
+	// MaxISLTokens): encoding stops as soon as the prompt has more, and the request is refused.
+	MaxPromptTokens = 1 << 24
+	// estimateSampleBytes is how much of a long piece is encoded exactly to estimate its ids: the
+	// sample's ids per byte, applied to the whole piece.
+	estimateSampleBytes = 1 << 10
+)
+
+// promptTokenLimit is MaxPromptTokens, a variable only so that tests can use a small one.
+var promptTokenLimit = MaxPromptTokens
+
+// inexactID stands in, during an encode, for the ids of a piece longer than MaxExactPieceBytes:
+// no vocabulary has 2^32 ids, so the first one marks where the exact prefix ends. Prompts leave
+// the package with these ids replaced by 0 (boundPrompt).
+const inexactID = ^uint32(0)
+
+// inexactPieces counts the pieces estimated rather than encoded, process-wide (InexactPieces).
+var inexactPieces atomic.Uint64
+
+// InexactPieces returns how many pre-tokenized pieces longer than MaxExactPieceBytes this process
+// has met (each one's ids estimated and booked as uncached, or its request refused where exact
+// ids are required). Exported as the metric kvepp_tokenizer_inexact_pieces_total.
+func InexactPieces() uint64 { return inexactPieces.Load() }
+
+// longPieceState is a Tokenizer's lazily computed bound for estimates: the most input bytes one
+// vocabulary token stands for.
+type longPieceState struct {
+	once     sync.Once
+	maxBytes int
+}
+
+// maxTokenBytes returns the most input bytes one token covers (model vocabulary and added
+// tokens; a byte-level spelling covers one byte per character), at least 1. ceil(n / it) is a
+// lower bound on the ids of n bytes.
+func (t *Tokenizer) maxTokenBytes() int {
+	t.long.once.Do(func() {
+		m := 1
+		for _, tok := range t.idToToken {
+			n := len(tok)
+			if t.pre.byteLevel {
+				n = utf8.RuneCountInString(tok)
+			}
+			m = max(m, n)
+		}
+		for _, a := range t.addedByID {
+			m = max(m, len(a.content))
+		}
+		t.long.maxBytes = m
+	})
+	return t.long.maxBytes
+}
+
+// appendLongPiece appends the estimated ids of a piece longer than MaxExactPieceBytes as
+// inexactID: the ids per byte of its first estimateSampleBytes (encoded by encode, the model's
+// BPE), applied to its length, but at least the exact lower bound ceil(len / maxTokenBytes). It
+// never appends more than MaxPromptTokens+1 ids in all, so a prompt over the limit stops here
+// without running BPE on the piece.
+func (t *Tokenizer) appendLongPiece(p string, dst []uint32, encode func(string, []uint32) []uint32) []uint32 {
+	inexactPieces.Add(1)
+	room := promptTokenLimit + 1 - len(dst)
+	if room <= 0 {
+		return dst
+	}
+	lower := (len(p) + t.maxTokenBytes() - 1) / t.maxTokenBytes()
+	est := lower
+	if lower < room {
+		cut := estimateSampleBytes
+		for cut > estimateSampleBytes-utf8.UTFMax && !utf8.RuneStart(p[cut]) {
+			cut--
+		}
+		var buf [estimateSampleBytes]uint32
+		sample := len(encode(p[:cut], buf[:0]))
+		est = max(lower, int((int64(sample)*int64(len(p))+int64(cut)-1)/int64(cut)))
+	}
+	for range min(est, room) {
+		dst = append(dst, inexactID)
+	}
+	return dst
+}
+
+// boundPrompt checks ids encoded by this package: more than MaxPromptTokens is a *RequestError;
+// otherwise exact is the number of leading ids that are exact (len(ids) when no piece was
+// estimated), and the estimated ids are replaced by 0. It costs nothing unless the process met a
+// long piece since before was read (InexactPieces), which is how a caller takes it.
+func boundPrompt(ids []uint32, before uint64) (exact int, err error) {
+	if len(ids) > promptTokenLimit {
+		return 0, badRequest("the prompt is longer than the limit of %d tokens (tokenizing stopped there)", promptTokenLimit)
+	}
+	if inexactPieces.Load() == before {
+		return len(ids), nil
+	}
+	exact = slices.Index(ids, inexactID)
+	if exact < 0 {
+		return len(ids), nil // another request's long piece
+	}
+	for i := exact; i < len(ids); i++ {
+		if ids[i] == inexactID {
+			ids[i] = 0
+		}
+	}
+	return exact, nil
+}
+
+// cacheable reports whether ids encoded since InexactPieces returned before may be kept in the
+// conversation cache: within MaxPromptTokens and without an estimated piece.
+func cacheable(ids []uint32, before uint64) bool {
+	return len(ids) <= promptTokenLimit && (inexactPieces.Load() == before || !slices.Contains(ids, inexactID))
+}
+
+// exactPrompt is boundPrompt for the APIs that return exact ids only (/tokenize, TokenizeChat):
+// a prompt with an estimated piece is a *RequestError.
+func exactPrompt(ids []uint32, before uint64) ([]uint32, error) {
+	exact, err := boundPrompt(ids, before)
+	if err != nil {
+		return nil, err
+	}
+	if exact < len(ids) {
+		return nil, badRequest("the text has a word, or a run of spaces or punctuation, of more than %d bytes; kvepp tokenizes such a piece only approximately, for routing", MaxExactPieceBytes)
+	}
+	return ids, nil
+}
