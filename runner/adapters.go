@@ -48,6 +48,8 @@ type tokenizerSet struct {
 	// convCache is the local tokenizers' conversation cache (nil unless local mode with
 	// DYN_EPP_CONVERSATION_CACHE_BYTES > 0), shared by all of them.
 	convCache *tokenizer.ConversationCache
+	// budget bounds the body bytes the local tokenizers work on at once (nil: unbounded).
+	budget *tokenizeBudget
 
 	byModel map[string]extproc.RequestTokenizer
 	def     extproc.RequestTokenizer // DYN_EPP_TOKENIZER_DIR's, or the byte fallback; may be nil
@@ -98,6 +100,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 	if cfg.ConversationCacheBytes > 0 {
 		set.convCache = tokenizer.NewConversationCache(cfg.ConversationCacheBytes)
 	}
+	set.budget = newTokenizeBudget(cfg.TokenizeMaxInflightBytes, cfg.TokenizationTimeout.Duration())
 	load := func(setting, dir, model string) (*tokenizer.Tokenizer, error) {
 		resolved, err := tokenizer.ResolveDir(dir, model)
 		if err != nil {
@@ -122,7 +125,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		set.def = localTokenizer{t, cfg.ImageTokens, set.convCache}
+		set.def = localTokenizer{t, cfg.ImageTokens, set.convCache, set.budget}
 	}
 	models := make([]string, 0, len(cfg.Tokenizers))
 	for m := range cfg.Tokenizers {
@@ -134,7 +137,7 @@ func loadTokenizers(cfg Config, log zerolog.Logger) (*tokenizerSet, error) {
 		if err != nil {
 			return nil, err
 		}
-		set.byModel[m] = localTokenizer{t, cfg.ImageTokens, set.convCache}
+		set.byModel[m] = localTokenizer{t, cfg.ImageTokens, set.convCache, set.budget}
 	}
 	return set, nil
 }

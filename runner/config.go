@@ -144,6 +144,10 @@ type Config struct {
 	// tokens of a conversation's earlier turns (tokenizer.ConversationCache), in bytes; 0 disables
 	// it (DYN_EPP_CONVERSATION_CACHE_BYTES).
 	ConversationCacheBytes int64 `env:"DYN_EPP_CONVERSATION_CACHE_BYTES" envDefault:"134217728" help:"memory bound of the local tokenizers' conversation cache, bytes (0 = off)"`
+	// TokenizeMaxInflightBytes bounds the request-body bytes the local tokenizers work on at once
+	// (DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES, bytes, >= 0; 0 = unbounded): a request waits for room
+	// up to DYN_EPP_TOKENIZATION_TIMEOUT_MS (then 504); a body larger than it runs alone.
+	TokenizeMaxInflightBytes int64 `env:"DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES" envDefault:"67108864" help:"request-body bytes tokenized at once by the local tokenizers (0 = unbounded)"`
 
 	// --- ext_proc limits and serving (epp.md §2, §5, §9) ---
 
@@ -981,6 +985,9 @@ func (c *Config) validateTokenizer() error {
 	}
 	if c.ImageTokens < 0 {
 		return c.invalid("DYN_EPP_IMAGE_TOKENS", c.ImageTokens, "must be >= 0")
+	}
+	if c.TokenizeMaxInflightBytes < 0 {
+		return c.invalid("DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES", c.TokenizeMaxInflightBytes, "must be >= 0")
 	}
 	if c.ConversationCacheBytes < 0 {
 		return c.invalid("DYN_EPP_CONVERSATION_CACHE_BYTES", c.ConversationCacheBytes, "must be >= 0")

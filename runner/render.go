@@ -147,6 +147,7 @@ type localTokenizer struct {
 	*tokenizer.Tokenizer
 	imageTokens int                          // DYN_EPP_IMAGE_TOKENS
 	convCache   *tokenizer.ConversationCache // nil: every chat is tokenized from scratch
+	budget      *tokenizeBudget              // DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES; nil: unbounded
 }
 
 var (
@@ -155,7 +156,12 @@ var (
 )
 
 // TokenizePrompt implements extproc.PromptTokenizer.
-func (l localTokenizer) TokenizePrompt(_ context.Context, call extproc.TokenizeCall) (extproc.TokenizedPrompt, error) {
+func (l localTokenizer) TokenizePrompt(ctx context.Context, call extproc.TokenizeCall) (extproc.TokenizedPrompt, error) {
+	release, err := l.budget.acquire(ctx, len(call.Body))
+	if err != nil {
+		return extproc.TokenizedPrompt{}, err
+	}
+	defer release()
 	req, err := l.request(call)
 	if err != nil {
 		return extproc.TokenizedPrompt{}, err

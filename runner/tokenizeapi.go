@@ -100,6 +100,12 @@ func (a *tokenizeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.detokenize(w, lt.Tokenizer, body)
 		return
 	}
+	release, err := lt.budget.acquire(r.Context(), len(body))
+	if err != nil {
+		vllmError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "", err.Error())
+		return
+	}
+	defer release()
 	a.tokenize(w, lt.Tokenizer, body)
 }
 

@@ -24,6 +24,9 @@ const (
 	// estimateSampleBytes is how much of a long piece is encoded exactly to estimate its ids: the
 	// sample's ids per byte, applied to the whole piece.
 	estimateSampleBytes = 1 << 10
+	// maxPooledSegments is the largest segment scratch returned to the pool: a text of millions
+	// of added tokens (56 MB of "<|im_end|>") needs one segment each, 134 MB the pool would keep.
+	maxPooledSegments = 4096
 )
 
 // promptTokenLimit is MaxPromptTokens, a variable only so that tests can use a small one.

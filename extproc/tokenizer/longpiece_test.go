@@ -193,3 +193,13 @@ func mustRequest(t *testing.T, body []byte) *Request {
 	}
 	return r
 }
+
+// TestHugeSegmentScratchIsNotPooled: a text of thousands of added tokens needs a segment each;
+// that scratch is not returned to the pool, which would keep it for the process (audit 7 R3).
+func TestHugeSegmentScratchIsNotPooled(t *testing.T) {
+	tk := qwen3(t)
+	tk.Encode(strings.Repeat("<|im_end|>", 4*maxPooledSegments), false)
+	if s := tk.getSegs(); cap(*s) > maxPooledSegments {
+		t.Fatalf("the pool kept a scratch of %d segments", cap(*s))
+	}
+}

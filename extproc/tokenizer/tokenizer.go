@@ -417,7 +417,9 @@ func (t *Tokenizer) appendEncodedAt(text string, atStart, afterToken bool, dst [
 	if marks != nil {
 		*marks = append(*marks, segMark{len(text), len(dst), afterToken})
 	}
-	t.segPool.Put(segs)
+	if cap(*segs) <= maxPooledSegments {
+		t.segPool.Put(segs) // not a huge one: the pool would keep it (audit 7 R3)
+	}
 	return dst
 }
 

@@ -1,0 +1,99 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvepp/kvepp/extproc"
+	"github.com/kvepp/kvepp/extproc/tokenizer"
+)
+
+// TestTokenizeBudget: DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES admits bodies while their bytes fit; a
+// request that does not fit waits, and ends with its own context or, after the wait, with a
+// tokenizer timeout (504); a body larger than the budget takes all of it and runs alone; nil
+// (0) admits everything.
+func TestTokenizeBudget(t *testing.T) {
+	b := newTokenizeBudget(100, 20*time.Millisecond)
+	r1, err := b.acquire(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := b.acquire(context.Background(), 40)
+	if err != nil {
+		t.Fatalf("40 more bytes fit in 100: %v", err)
+	}
+	// Full: a canceled request gets its own error, without waiting.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := b.acquire(ctx, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled request: %v, want context.Canceled", err)
+	}
+	// Full for the whole wait: a timeout the ext_proc server answers 504.
+	_, err = b.acquire(context.Background(), 1)
+	if !errors.Is(err, extproc.ErrTokenizerTimeout) || extproc.ClassifyTokenizerError(err) != extproc.KindTokenizerTimeout {
+		t.Fatalf("full budget: %v, want a tokenizer timeout", err)
+	}
+	r1()
+	r2()
+	// A body larger than the budget takes all of it and runs alone.
+	big, err := b.acquire(context.Background(), 1000)
+	if err != nil {
+		t.Fatalf("a body over the budget must still run: %v", err)
+	}
+	if _, err := b.acquire(context.Background(), 1); !errors.Is(err, extproc.ErrTokenizerTimeout) {
+		t.Fatalf("while a body over the budget runs: %v, want a timeout", err)
+	}
+	// A waiting request gets in as soon as room is released.
+	done := make(chan error, 1)
+	go func() {
+		b2 := *b
+		b2.wait = time.Minute
+		r, err := b2.acquire(context.Background(), 50)
+		if err == nil {
+			r()
+		}
+		done <- err
+	}()
+	big()
+	if err := <-done; err != nil {
+		t.Fatalf("waiting request after release: %v", err)
+	}
+	var none *tokenizeBudget = newTokenizeBudget(0, time.Second)
+	if none != nil {
+		t.Fatal("0 bytes must mean unbounded (nil)")
+	}
+	if r, err := none.acquire(context.Background(), 1<<30); err != nil {
+		t.Fatal(err)
+	} else {
+		r()
+	}
+}
+
+// TestLocalTokenizerBudgetAndLongPieces: the ext_proc path of the local tokenizer waits on the
+// budget (a full one times out), and a completion whose prompt has a piece over
+// tokenizer.MaxExactPieceBytes routes with the ids from that piece on under a request-unique
+// multimodal hash (uncached), like the text after an image.
+func TestLocalTokenizerBudgetAndLongPieces(t *testing.T) {
+	lt := qwenLocal(t)
+	lt.budget = newTokenizeBudget(1<<20, 20*time.Millisecond)
+	body := []byte(`{"model":"m","prompt":"Summarize: a` + strings.Repeat("z", tokenizer.MaxExactPieceBytes+1) + `b"}`)
+	call := extproc.TokenizeCall{Kind: extproc.PromptCompletion, Body: body}
+	p, err := lt.TokenizePrompt(context.Background(), call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.MMItems) != 1 || p.MMItems[0].Start < 3 || p.MMItems[0].Start > 5 || p.MMItems[0].End != len(p.TokenIDs) {
+		t.Fatalf("MMItems %+v of %d ids, want the ids from the long piece on booked as uncached", p.MMItems, len(p.TokenIDs))
+	}
+	hold, err := lt.budget.acquire(context.Background(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold()
+	if _, err := lt.TokenizePrompt(context.Background(), call); !errors.Is(err, extproc.ErrTokenizerTimeout) {
+		t.Fatalf("full budget: %v, want a tokenizer timeout", err)
+	}
+}
