@@ -42,5 +42,15 @@
 // strftime_now rewrites literal text that looks like a Go layout and lacks %j, %-d, %e; its
 // filters cannot be replaced, so `|tojson` is renamed during template preparation.
 //
+// Bounds for hostile bodies (none changes the ids of real text): one decode builds at most
+// MaxJSONValues values; a chat template's str.split call sites at most MaxTemplateSplitValues
+// (templatebudget.go, checked before rendering); a prompt has at most MaxPromptTokens ids
+// (encoding stops past it); and a pre-tokenized piece longer than MaxExactPieceBytes is not run
+// through BPE (longpiece.go) — exact prefix, the rest uncached, as after an image: the ids before
+// it are exact, its ids a counted estimate (an exact sample's ids per byte, at least bytes ÷ the
+// longest token), and ChatPrompt.UncachedFrom marks where the estimate starts. The APIs that
+// promise exact ids (TokenizeChat, TokenizeCompletion, TokenizeResponses) refuse such a prompt;
+// InexactPieces counts the pieces.
+//
 // A *Tokenizer is immutable after Load and safe for concurrent use.
 package tokenizer
