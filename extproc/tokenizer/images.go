@@ -30,7 +30,9 @@ const backOffTokens = 4
 // ChatPrompt is a chat request tokenized for routing: TokenIDs are the engine's ids exactly up to
 // UncachedFrom; from there on (the first image, epp.md §5.4 as kvepp extends it) the ids stand in
 // for content kvepp cannot tokenize as the engine does, and their blocks must be booked as
-// uncached. UncachedFrom is len(TokenIDs) for a text-only request.
+// uncached. The same holds from the first pre-tokenized piece longer than MaxExactPieceBytes,
+// whose ids are an estimate (longpiece.go). UncachedFrom is len(TokenIDs) for a text-only request
+// without such a piece.
 type ChatPrompt struct {
 	TokenIDs     []uint32
 	UncachedFrom int

@@ -244,7 +244,8 @@ func (t *Tokenizer) RenderChat(body []byte) (string, error) {
 
 // TokenizeChat returns the token ids vLLM computes for a chat completions body: the rendered
 // prompt (RenderChat) encoded with add_special_tokens=false unless the body sets
-// add_special_tokens: true. Errors as RenderChat.
+// add_special_tokens: true. Errors as RenderChat, and a *RequestError for a prompt of more than
+// MaxPromptTokens tokens or with a piece longer than MaxExactPieceBytes (longpiece.go).
 func (t *Tokenizer) TokenizeChat(body []byte) ([]uint32, error) {
 	in, addSpecial, err := chatRequest(body)
 	if err != nil {
@@ -356,7 +357,8 @@ func describe(v *jval) string {
 // array items with a role become {role, content} with the concatenated text of their
 // input_text/output_text parts; other items are skipped; the result is rendered and encoded as
 // a chat (add_generation_prompt true, add_special_tokens false). Errors: *RequestError for a
-// malformed body, ErrStateful when previous_response_id is set, ErrNoChatTemplate.
+// malformed body or a prompt beyond TokenizeChat's bounds, ErrStateful when previous_response_id
+// is set, ErrNoChatTemplate.
 func (t *Tokenizer) TokenizeResponses(body []byte) ([]uint32, error) {
 	r, err := ParseRequest(body)
 	if err != nil {
