@@ -138,11 +138,17 @@ func (m *addedMatcher) split(s string, dst []segment) []segment {
 		if t.rstrip {
 			stop += spaceRightmostAtStart(s[stop:])
 		}
+		if len(dst) >= segmentLimit {
+			break // the rest is one unsplit segment (cutSegmentID), see segmentLimit
+		}
 		if startOffset < start {
 			dst = append(dst, segment{startOffset, start, -1})
 		}
 		dst = append(dst, segment{start, stop, int64(t.id)})
 		startOffset = stop
+	}
+	if len(dst) >= segmentLimit && startOffset < len(s) {
+		return append(dst, segment{startOffset, len(s), cutSegmentID})
 	}
 	if startOffset < len(s) {
 		dst = append(dst, segment{startOffset, len(s), -1})

@@ -49,7 +49,8 @@
 // through BPE (longpiece.go) — exact prefix, the rest uncached, as after an image: the ids before
 // it are exact, its ids a counted estimate (an exact sample's ids per byte, at least bytes ÷ the
 // longest token), and ChatPrompt.UncachedFrom marks where the estimate starts. The APIs that
-// promise exact ids (TokenizeChat, TokenizeCompletion, TokenizeResponses) refuse such a prompt;
+// promise exact ids (TokenizeChat, TokenizeCompletion, TokenizeResponses) refuse such a prompt.
+// The added-token split stops after MaxAddedTokenSegments segments, the rest estimated likewise;
 // InexactPieces counts the pieces.
 //
 // A *Tokenizer is immutable after Load and safe for concurrent use.

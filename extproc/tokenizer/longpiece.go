@@ -27,7 +27,32 @@ const (
 	// maxPooledSegments is the largest segment scratch returned to the pool: a text of millions
 	// of added tokens (56 MB of "<|im_end|>") needs one segment each, 134 MB the pool would keep.
 	maxPooledSegments = 4096
+	// MaxAddedTokenSegments bounds the segments the added-token split makes of one text (2^20,
+	// about half a million added tokens with the text between them): each costs a 24-byte
+	// segment and a 24-byte cache mark, so 56 MB of "<|im_end|>" cost a gigabyte. The text after
+	// the last one is not encoded: its ids are an estimate (the ids per byte so far), booked as
+	// uncached like an estimated piece. Real prompts have a few added tokens per message.
+	MaxAddedTokenSegments = 1 << 20
 )
+
+// segmentLimit is MaxAddedTokenSegments, a variable only so that tests can use a small one.
+var segmentLimit = MaxAddedTokenSegments
+
+// cutSegmentID marks the segment addedMatcher.split ends with when it reached segmentLimit: the
+// rest of the text, unsplit.
+const cutSegmentID = -2
+
+// appendCutRest appends the estimate for the unsplit rest of a text (rest bytes) after segments
+// that covered done bytes with len(dst)-base ids: the same ids per byte, at least one, at most
+// up to promptTokenLimit+1 ids in all.
+func appendCutRest(dst []uint32, base, done, rest int) []uint32 {
+	inexactPieces.Add(1)
+	est := max(1, int((int64(len(dst)-base)*int64(rest)+int64(done)-1)/int64(max(done, 1))))
+	for range min(est, promptTokenLimit+1-len(dst)) {
+		dst = append(dst, inexactID)
+	}
+	return dst
+}
 
 // promptTokenLimit is MaxPromptTokens, a variable only so that tests can use a small one.
 var promptTokenLimit = MaxPromptTokens

@@ -203,3 +203,36 @@ func TestHugeSegmentScratchIsNotPooled(t *testing.T) {
 		t.Fatalf("the pool kept a scratch of %d segments", cap(*s))
 	}
 }
+
+// TestAddedTokenSegmentsAreBounded (audit 7 R3): 56 MB of "<|im_end|>" made 5.6 M segments and
+// cache marks (~1 GB). The split stops at MaxAddedTokenSegments; the ids before are exact, the
+// rest is estimated at the same ids per byte and booked as uncached.
+func TestAddedTokenSegmentsAreBounded(t *testing.T) {
+	tk := qwen3(t)
+	old := segmentLimit
+	segmentLimit = 100
+	t.Cleanup(func() { segmentLimit = old })
+	text := strings.Repeat("<|im_end|>", 1000) + "hello"
+	p, err := tk.CompletionPromptFor(mustRequest(t, completionBody(t, text)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	imEnd := tk.Encode("<|im_end|>", false)
+	if len(imEnd) != 1 {
+		t.Fatalf("<|im_end|> is %v", imEnd)
+	}
+	if p.UncachedFrom < 90 || p.UncachedFrom > segmentLimit {
+		t.Fatalf("UncachedFrom %d, want the ids of the first %d segments", p.UncachedFrom, segmentLimit)
+	}
+	for i, id := range p.TokenIDs[:p.UncachedFrom] {
+		if id != imEnd[0] {
+			t.Fatalf("exact prefix id %d = %d, want <|im_end|> %d", i, id, imEnd[0])
+		}
+	}
+	if n := len(p.TokenIDs); n < 950 || n > 1050 {
+		t.Errorf("%d ids in all, want about 1001 (the estimate of the unsplit rest)", n)
+	}
+	if got := tk.getSegs(); cap(*got) > 4*segmentLimit {
+		t.Errorf("segment scratch of %d for a limit of %d", cap(*got), segmentLimit)
+	}
+}

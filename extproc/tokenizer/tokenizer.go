@@ -384,6 +384,7 @@ type segMark struct {
 func (t *Tokenizer) appendEncodedAt(text string, atStart, afterToken bool, dst []uint32, marks *[]segMark) []uint32 {
 	segs := t.getSegs()
 	*segs = t.addedRaw.split(text, *segs)
+	base := len(dst)
 	for _, sg := range *segs {
 		if len(dst) > promptTokenLimit {
 			break
@@ -395,6 +396,10 @@ func (t *Tokenizer) appendEncodedAt(text string, atStart, afterToken bool, dst [
 		if sg.id >= 0 {
 			dst = append(dst, uint32(sg.id))
 			continue
+		}
+		if sg.id == cutSegmentID {
+			dst = appendCutRest(dst, base, sg.start, sg.end-sg.start)
+			break
 		}
 		first := atStart && sg.start == 0
 		seg := text[sg.start:sg.end]
@@ -409,6 +414,9 @@ func (t *Tokenizer) appendEncodedAt(text string, atStart, afterToken bool, dst [
 		for _, s2 := range inner {
 			if s2.id >= 0 {
 				dst = append(dst, uint32(s2.id))
+			} else if s2.id == cutSegmentID {
+				dst = appendCutRest(dst, base, sg.start+s2.start, s2.end-s2.start)
+				break
 			} else {
 				dst = t.appendWords(seg[s2.start:s2.end], first && s2.start == 0, dst)
 			}
