@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -60,7 +61,7 @@ func TestLongPieceIsEstimatedNotMerged(t *testing.T) {
 				t.Errorf("allocated %d bytes for a %d-byte piece, want <= %d (BPE ran on it)", alloc, n, limit)
 			}
 			exactHead := tk.Encode(head, false)
-			if p.UncachedFrom > len(exactHead) || !equalIDs(p.TokenIDs[:p.UncachedFrom], exactHead[:p.UncachedFrom]) {
+			if p.UncachedFrom > len(exactHead) || !slices.Equal(p.TokenIDs[:p.UncachedFrom], exactHead[:p.UncachedFrom]) {
 				t.Fatalf("UncachedFrom %d, ids %v…, want an exact prefix of %v", p.UncachedFrom, p.TokenIDs[:min(8, len(p.TokenIDs))], exactHead)
 			}
 			if p.UncachedFrom < len(exactHead)-1 {
@@ -96,18 +97,6 @@ func symsOf(tk *Tokenizer, p string) []uint32 {
 		syms[i] = uint32(tk.model.byteIDs[p[i]])
 	}
 	return syms
-}
-
-func equalIDs(a, b []uint32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestLongPieceSentencePiece: SentencePiece layouts reach BPE through appendCharWord; a word of
