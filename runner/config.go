@@ -128,7 +128,8 @@ type Config struct {
 	Tokenizers ModelDirs `env:"DYN_EPP_TOKENIZERS" flag:"tokenizers" help:"per-model tokenizer directories: model=dir,…"`
 	// TokenizerServiceURL is the vLLM render API base URL (vllm-render mode).
 	TokenizerServiceURL string `env:"DYN_EPP_TOKENIZER_SERVICE_URL" flag:"tokenizer-service-url" help:"vLLM render API base URL"`
-	// TokenizationTimeout bounds one tokenizer call (DYN_EPP_TOKENIZATION_TIMEOUT_MS, milliseconds).
+	// TokenizationTimeout bounds one tokenizer call (DYN_EPP_TOKENIZATION_TIMEOUT_MS, milliseconds),
+	// and a local tokenization's wait for room in TokenizeMaxInflightBytes.
 	TokenizationTimeout Millis `env:"DYN_EPP_TOKENIZATION_TIMEOUT_MS" envDefault:"5000" help:"per tokenizer call, milliseconds"`
 	// TokenizerServiceURLs maps model name → render base URL ("model=url,…") when several models
 	// are served by different render servers (vllm-render mode); other models use
