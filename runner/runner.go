@@ -306,7 +306,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		Help: "ZeroMQ connections (KV events, replica sync) closed because the peer declared a frame or message above its bound (16 MiB; 4 KiB from a replica-sync subscriber) or a message of more than 64 parts."},
 		func() float64 { return float64(zmqtcp.OversizedFrames()) }))
 	inst.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvepp_tokenizer_inexact_pieces_total",
-		Help: "Pre-tokenized pieces (a word, or a run of spaces or punctuation) longer than 16 KiB that the local tokenizer estimated instead of encoding: their request was routed with the ids from that piece on booked as uncached, or refused where exact ids are required (/tokenize)."},
+		Help: "Text the local tokenizer estimated instead of encoding — a pre-tokenized piece (a word, a run of spaces or punctuation) longer than 16 KiB, or a prompt's text after 1,048,576 added-token segments: the request was routed with the ids from there on booked as uncached, or refused where exact ids are required (/tokenize)."},
 		func() float64 { return float64(tokenizer.InexactPieces()) }))
 	metricsLn, err := listen(cfg.BindAddress, cfg.MetricsPort, cfg.name("DYN_EPP_METRICS_PORT"))
 	if err != nil {

@@ -65,9 +65,10 @@ const inexactID = ^uint32(0)
 // inexactPieces counts the pieces estimated rather than encoded, process-wide (InexactPieces).
 var inexactPieces atomic.Uint64
 
-// InexactPieces returns how many pre-tokenized pieces longer than MaxExactPieceBytes this process
-// has met (each one's ids estimated and booked as uncached, or its request refused where exact
-// ids are required). Exported as the metric kvepp_tokenizer_inexact_pieces_total.
+// InexactPieces returns how many texts this process estimated instead of encoding: pre-tokenized
+// pieces longer than MaxExactPieceBytes, and texts cut after MaxAddedTokenSegments segments (each
+// one's ids booked as uncached, or its request refused where exact ids are required). Exported as
+// the metric kvepp_tokenizer_inexact_pieces_total.
 func InexactPieces() uint64 { return inexactPieces.Load() }
 
 // longPieceState is a Tokenizer's lazily computed bound for estimates: the most input bytes one
