@@ -225,3 +225,29 @@ func TestAddedTokenSegmentsAreBounded(t *testing.T) {
 		t.Errorf("segment scratch of %d for a limit of %d", cap(*got), segmentLimit)
 	}
 }
+
+// TestLongPieceRealSentencePieceModels: in the real Llama 2 and Gemma 3 tokenizers (fetched by
+// testdata/fetch_models.sh; skipped without them) a run of spaces and a long word reach BPE
+// through the SentencePiece path and are estimated there, with the text before them exact.
+func TestLongPieceRealSentencePieceModels(t *testing.T) {
+	for _, name := range []string{"llama2", "gemma3"} {
+		t.Run(name, func(t *testing.T) {
+			tk := realModel(t, name)
+			for _, piece := range []string{strings.Repeat(" ", 1<<20), strings.Repeat("zq", 1<<19)} {
+				head := tk.Encode("Hello there", false)
+				before := InexactPieces()
+				ids := tk.encode("Hello there"+piece+"end", false)
+				if InexactPieces() == before {
+					t.Fatal("the piece was encoded, not estimated")
+				}
+				exact, err := boundPrompt(ids, before)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if exact == len(ids) || exact > len(head) || !slices.Equal(ids[:exact], head[:exact]) {
+					t.Fatalf("%d of %d ids exact (head %v, ids %v…)", exact, len(ids), head, ids[:min(8, len(ids))])
+				}
+			}
+		})
+	}
+}
