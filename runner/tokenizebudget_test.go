@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvepp/kvepp/extproc"
 	"github.com/kvepp/kvepp/extproc/tokenizer"
+	"github.com/kvepp/kvepp/picker"
 )
 
 // TestTokenizeBudget: DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES admits bodies while their bytes fit; a
@@ -95,5 +96,13 @@ func TestLocalTokenizerBudgetAndLongPieces(t *testing.T) {
 	defer hold()
 	if _, err := lt.TokenizePrompt(context.Background(), call); !errors.Is(err, extproc.ErrTokenizerTimeout) {
 		t.Fatalf("full budget: %v, want a tokenizer timeout", err)
+	}
+}
+
+// TestPromptTokenLimitsAgree: the tokenizer stops encoding at the picker's token_ids limit, so a
+// locally tokenized prompt is refused by the same bound, early.
+func TestPromptTokenLimitsAgree(t *testing.T) {
+	if tokenizer.MaxPromptTokens != picker.MaxISLTokens {
+		t.Fatalf("tokenizer.MaxPromptTokens %d != picker.MaxISLTokens %d", tokenizer.MaxPromptTokens, picker.MaxISLTokens)
 	}
 }
