@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvepp/kvepp/extproc"
 	"github.com/kvepp/kvepp/extproc/tokenizer"
+	"github.com/kvepp/kvepp/internal/sharedtest"
 	"github.com/kvepp/kvepp/picker"
 )
 
@@ -104,5 +105,43 @@ func TestLocalTokenizerBudgetAndLongPieces(t *testing.T) {
 func TestPromptTokenLimitsAgree(t *testing.T) {
 	if tokenizer.MaxPromptTokens != picker.MaxISLTokens {
 		t.Fatalf("tokenizer.MaxPromptTokens %d != picker.MaxISLTokens %d", tokenizer.MaxPromptTokens, picker.MaxISLTokens)
+	}
+}
+
+// TestTokenizeMaxInflightBytesSetting: DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES defaults to 64 MiB, is
+// read from the environment, and a negative value is refused with the setting's name.
+func TestTokenizeMaxInflightBytesSetting(t *testing.T) {
+	env := []string{"DYN_ROUTER_USE_KV_EVENTS=false"}
+	cfg, err := LoadConfig(env, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.TokenizeMaxInflightBytes != 64<<20 {
+		t.Fatalf("default %d, want 64 MiB", cfg.TokenizeMaxInflightBytes)
+	}
+	cfg, err = LoadConfig(append(env, "DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES=1000"), nil, nil)
+	if err != nil || cfg.TokenizeMaxInflightBytes != 1000 {
+		t.Fatalf("from the environment: %d, %v", cfg.TokenizeMaxInflightBytes, err)
+	}
+	cfg.TokenizeMaxInflightBytes = -1
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES") {
+		t.Fatalf("negative budget: %v", err)
+	}
+}
+
+// TestLoadTokenizersSharesTheBudget: every local tokenizer loaded gets the one budget of
+// DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES, waiting up to DYN_EPP_TOKENIZATION_TIMEOUT_MS.
+func TestLoadTokenizersSharesTheBudget(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.TokenizerProtocol = TokenizerProtocolLocal
+	cfg.TokenizerDir = sharedtest.Qwen3TokenizerDir(t)
+	cfg.TokenizeMaxInflightBytes = 12345
+	set, err := loadTokenizers(cfg, *testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lt, ok := set.def.(localTokenizer)
+	if !ok || lt.budget == nil || lt.budget.max != 12345 || lt.budget.wait != cfg.TokenizationTimeout.Duration() {
+		t.Fatalf("local tokenizer budget %+v", lt.budget)
 	}
 }
