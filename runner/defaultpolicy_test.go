@@ -75,7 +75,7 @@ func TestTheEPPRunsPredictedTTFTAndSelectServiceTheBuiltInCost(t *testing.T) {
 func TestPrefillCompletionEstimateSettings(t *testing.T) {
 	tok := "DYN_EPP_TOKENIZER_DIR=" + sharedtest.Qwen3TokenizerDir(t)
 	for _, tc := range []struct {
-		env      string // "" = defaults
+		env       string // "" = defaults
 		estimate  bool
 		rate      float64
 		attention float64
