@@ -109,8 +109,15 @@ func (s *Service) estimatePrefill(b ledger.Booking, isl uint64) (PrefillEstimate
 		return PrefillEstimate{}, false
 	}
 	work := float64(b.AheadPrefillTokens) + prefillWork(b.PrefillTokens, isl, s.cfg.PrefillAttentionTokens)
-	return PrefillEstimate{At: b.Admitted.Add(time.Duration(work / rate * float64(time.Second))), TokensPerSecond: rate}, true
+	secs := min(work/rate, maxPrefillEstimate.Seconds())
+	return PrefillEstimate{At: b.Admitted.Add(time.Duration(secs * float64(time.Second))), TokensPerSecond: rate}, true
 }
+
+// maxPrefillEstimate bounds the estimated prefill time: at a vanishing rate (an assumed rate of
+// 1e-12 tokens/s is a valid setting) the work would overflow a time.Duration into a negative one
+// and release the booking at once, and the longest prompt (MaxISLTokens), squared by the attention
+// term, takes 82 h at 10,000 tokens/s; the expiry guard frees a booking long before a day passes.
+const maxPrefillEstimate = 24 * time.Hour
 
 // prefillWork is the prefill work, in tokens at the linear rate, of computing the last uncached
 // of isl prompt tokens: a prompt token's attention reads every token before it, so at context c

@@ -199,6 +199,28 @@ func TestALongPromptIsReleasedAfterItsAttentionBoundPrefill(t *testing.T) {
 		releasedAt(t, s, clk, 3200*time.Millisecond)
 		_ = s.Free(ctxb(), sel.SelectionID)
 	})
+	t.Run("the estimate of the longest prompt is bounded at a day", func(t *testing.T) {
+		// 16,777,216 tokens would take 82 h of work at 10,000 tokens/s.
+		clk := pickertest.NewClock(time0)
+		s := newService(t, func(c *picker.Config) { c.Now = clk.Now })
+		mustUpsert(t, s, worker(1))
+		isl := uint64(picker.MaxISLTokens)
+		_, err := s.SelectAndReserve(ctxb(), picker.SelectRequest{ModelName: "model", SelectionID: "huge", PrefillUnobserved: true,
+			Prompt: picker.Prompt{HashForm: true, BlockHashes: []uint64{}, SequenceHashes: []uint64{}, ISLTokens: isl, ISLTokensSet: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		releasedAt(t, s, clk, 24*time.Hour)
+	})
+	t.Run("a vanishing rate does not overflow the estimate into the past", func(t *testing.T) {
+		clk := pickertest.NewClock(time0)
+		s := newService(t, func(c *picker.Config) { c.Now = clk.Now; c.AssumedPrefillTokensPerSecond = 1e-12 })
+		mustUpsert(t, s, worker(1))
+		if _, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(1000), unobserved)); err != nil {
+			t.Fatal(err)
+		}
+		releasedAt(t, s, clk, 24*time.Hour)
+	})
 }
 
 func TestPoliciesSeeTheMeasuredEngineLoad(t *testing.T) {
