@@ -318,7 +318,8 @@ type Config struct {
 	SlotPublisher SlotPublisher
 	// EstimatePrefillCompletion releases the prefill part of a PrefillUnobserved booking (a
 	// response that is not streamed) when its worker rank has most likely finished it: at
-	// admission + (prefill queued ahead + its own) / the rank's measured prefill rate, the rate
+	// admission + (prefill queued ahead + its own, its own stretched by PrefillAttentionTokens) /
+	// the rank's measured prefill rate, the rate
 	// learned from observed completions (streamed first chunks, prefill_complete calls). Without
 	// any measured rate in the partition it uses AssumedPrefillTokensPerSecond.
 	// DefaultConfig turns it on; the EPP's DYN_EPP_ESTIMATE_PREFILL_COMPLETION turns it off.
@@ -332,7 +333,22 @@ type Config struct {
 	// DefaultConfig sets DefaultAssumedPrefillTokensPerSecond (the EPP's
 	// DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND).
 	AssumedPrefillTokensPerSecond float64
+	// PrefillAttentionTokens is the context length, tokens (finite ≥ 0), at which the estimate of
+	// EstimatePrefillCompletion takes a prompt token to cost twice what the first token costs:
+	// attention reads every token before it, so a token at context c costs 1 + c/this, and a long
+	// uncached prompt prefills much slower than the rate measured over typical ones. 0 estimates
+	// linearly. DefaultConfig sets DefaultPrefillAttentionTokens (the EPP's
+	// DYN_EPP_PREFILL_ATTENTION_TOKENS).
+	PrefillAttentionTokens float64
 }
+
+// DefaultPrefillAttentionTokens is the default Config.PrefillAttentionTokens, tokens. A dense
+// transformer spends 4 × layers × hidden FLOPs per (token, earlier token) pair beside 2 × params
+// per token, so attention matches the rest at 2 × params / (4 × layers × hidden) tokens: 29k for
+// Llama-3.1-8B, 53k for Llama-3.1-70B; at the measured kernel efficiencies of enginesim's
+// A100 profile 25k at the engine's peak rate. 48,000 had the lowest TTFT p50 and p90 among 24k,
+// 32k, 48k and 64k on eppbench's virtual Mooncake replays (cmd/eppbench/README.md).
+const DefaultPrefillAttentionTokens = 48000
 
 // DefaultAssumedPrefillTokensPerSecond is the default Config.AssumedPrefillTokensPerSecond,
 // tokens/s: the rate predicted-ttft assumes for a worker it has not measured
@@ -352,7 +368,7 @@ type AffinityPublisher interface {
 // a disabled logger. KV events are on, so the caller must set EventSource or turn UseKVEvents off.
 func DefaultConfig() Config {
 	return Config{Router: DefaultRouterSettings(), Logger: zerolog.Nop(), EstimatePrefillCompletion: true,
-		AssumedPrefillTokensPerSecond: DefaultAssumedPrefillTokensPerSecond}
+		AssumedPrefillTokensPerSecond: DefaultAssumedPrefillTokensPerSecond, PrefillAttentionTokens: DefaultPrefillAttentionTokens}
 }
 
 // validate checks the service-level settings beyond the router settings.
@@ -374,6 +390,9 @@ func (c *Config) validate() error {
 	}
 	if r := c.AssumedPrefillTokensPerSecond; math.IsNaN(r) || math.IsInf(r, 0) || r < 0 {
 		return fmt.Errorf("assumed prefill rate must be a finite number of tokens/s >= 0, got %v", r)
+	}
+	if a := c.PrefillAttentionTokens; math.IsNaN(a) || math.IsInf(a, 0) || a < 0 {
+		return fmt.Errorf("prefill attention tokens must be a finite number of tokens >= 0, got %v", a)
 	}
 	return nil
 }

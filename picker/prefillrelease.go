@@ -91,12 +91,13 @@ type PrefillEstimate struct {
 	TokensPerSecond float64
 }
 
-// estimatePrefill estimates when booking b finishes its prefill: its admission plus the work
-// queued ahead of it and its own (AheadPrefillTokens + PrefillTokens, tokens) at the rank's
-// measured prefill rate, else at the rate pooled over its partition, else at
-// Config.AssumedPrefillTokensPerSecond, stretched by prefillEstimateMargin; ok is false when
-// no rate is measured and none is assumed.
-func (s *Service) estimatePrefill(b ledger.Booking) (PrefillEstimate, bool) {
+// estimatePrefill estimates when booking b, of an isl-token prompt, finishes its prefill: its
+// admission plus the work queued ahead of it (AheadPrefillTokens, tokens) and its own, at the
+// rank's measured prefill rate, else at the rate pooled over its partition, else at
+// Config.AssumedPrefillTokensPerSecond; ok is false when no rate is measured and none is
+// assumed. Its own work is prefillWork: its PrefillTokens, each stretched by the attention over
+// the tokens before it.
+func (s *Service) estimatePrefill(b ledger.Booking, isl uint64) (PrefillEstimate, bool) {
 	rate := s.ledger.Load(b.Candidate).PrefillTokensPerSecond
 	if rate <= 0 {
 		rate = s.ledger.PartitionPrefillRate(b.Partition)
@@ -107,21 +108,38 @@ func (s *Service) estimatePrefill(b ledger.Booking) (PrefillEstimate, bool) {
 	if rate <= 0 {
 		return PrefillEstimate{}, false
 	}
-	work := float64(b.AheadPrefillTokens) + float64(b.PrefillTokens)
-	return PrefillEstimate{At: b.Admitted.Add(time.Duration(prefillEstimateMargin * work / rate * float64(time.Second))), TokensPerSecond: rate}, true
+	work := float64(b.AheadPrefillTokens) + prefillWork(b.PrefillTokens, isl, s.cfg.PrefillAttentionTokens)
+	secs := min(work/rate, maxPrefillEstimate.Seconds())
+	return PrefillEstimate{At: b.Admitted.Add(time.Duration(secs * float64(time.Second))), TokensPerSecond: rate}, true
 }
 
-// prefillEstimateMargin stretches the estimated prefill time: releasing early makes a busy worker
-// look idle and draws requests onto it, releasing late only keeps it looking busy a little
-// longer, and long prompts, whose attention grows with their length, prefill slower than the
-// average rate. 1.25 kept the TTFT p50 gain of the estimate and removed its p90 cost on mixed
-// streamed and non-streamed replays (eppbench --virtual, Mooncake conversation trace).
-const prefillEstimateMargin = 1.25
+// maxPrefillEstimate bounds the estimated prefill time: at a vanishing rate (an assumed rate of
+// 1e-12 tokens/s is a valid setting) the work would overflow a time.Duration into a negative one
+// and release the booking at once, and the longest prompt (MaxISLTokens), squared by the attention
+// term, takes 82 h at 10,000 tokens/s; the expiry guard frees a booking long before a day passes.
+const maxPrefillEstimate = 24 * time.Hour
+
+// prefillWork is the prefill work, in tokens at the linear rate, of computing the last uncached
+// of isl prompt tokens: a prompt token's attention reads every token before it, so at context c
+// it costs 1 + c/attention tokens (attention = Config.PrefillAttentionTokens; 0 = linear), and
+// the uncached tokens, which follow the isl − uncached cached ones, cost
+// uncached × (1 + (cached + uncached/2) / attention). Linear in the uncached tokens, a 120k-token
+// prompt was estimated at half its prefill time on the faithful engine (enginesim's
+// Llama-3.1-8B/A100 profile, where attention takes 70 % of it), so its booking was released while
+// the engine still worked on it, and requests were drawn onto that busy worker.
+func prefillWork(uncached, isl uint64, attention float64) float64 {
+	own := float64(uncached)
+	if attention <= 0 {
+		return own
+	}
+	cached := max(float64(isl)-own, 0)
+	return own * (1 + (cached+own/2)/attention)
+}
 
 // schedulePrefillRelease queues the estimated prefill completion of the PrefillUnobserved booking
-// id when Config.EstimatePrefillCompletion is on and a prefill rate is known or assumed; otherwise the
+// id, of an isl-token prompt, when Config.EstimatePrefillCompletion is on and a prefill rate is known or assumed; otherwise the
 // booking keeps its prefill tokens until its caller completes or frees it.
-func (s *Service) schedulePrefillRelease(id string) {
+func (s *Service) schedulePrefillRelease(id string, isl uint64) {
 	if !s.cfg.EstimatePrefillCompletion {
 		return
 	}
@@ -129,7 +147,7 @@ func (s *Service) schedulePrefillRelease(id string) {
 	if !ok {
 		return
 	}
-	est, ok := s.estimatePrefill(b)
+	est, ok := s.estimatePrefill(b, isl)
 	if !ok {
 		return
 	}

@@ -57,20 +57,24 @@ func releasedAt(t *testing.T, s *picker.Service, clk *pickertest.Clock, due time
 	}
 }
 
+// linearEstimate estimates prefill work linearly in the uncached tokens (no attention term), so
+// the rates and queues of these tests give round times.
+func linearEstimate(c *picker.Config) { c.PrefillAttentionTokens = 0 }
+
 func TestPrefillOfUnobservedResponsesIsReleasedOnTheEstimate(t *testing.T) {
 	clk := pickertest.NewClock(time0)
-	s := newService(t, func(c *picker.Config) { c.Now = clk.Now })
+	s := newService(t, func(c *picker.Config) { c.Now = clk.Now }, linearEstimate)
 	mustUpsert(t, s, worker(1))
 	unobserved := func(r *picker.SelectRequest) { r.PrefillUnobserved = true }
 
 	t.Run("without a measured rate the prefill is released at the assumed rate", func(t *testing.T) {
 		// No response streamed yet: 2,000 tokens at the assumed 10,000 tokens/s finish 200 ms
-		// after admission, 250 ms with the 1.25 margin.
+		// after admission.
 		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(2000), unobserved))
 		if err != nil {
 			t.Fatal(err)
 		}
-		releasedAt(t, s, clk, 250*time.Millisecond)
+		releasedAt(t, s, clk, 200*time.Millisecond)
 		if got := loadOf(t, s, "model", "default", 1, 0).PotentialPrefillTokens; got != 0 {
 			t.Fatalf("active prefill %d after the release, want 0", got)
 		}
@@ -98,7 +102,7 @@ func TestPrefillOfUnobservedResponsesIsReleasedOnTheEstimate(t *testing.T) {
 
 	t.Run("the prefill is released when the queued and own work is done at the measured rate", func(t *testing.T) {
 		// Booked behind a streamed request of 3,000 tokens: 3,000 + 2,000 tokens at 10,000
-		// tokens/s finish 500 ms after admission, 625 ms with the 1.25 margin.
+		// tokens/s finish 500 ms after admission.
 		first, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(3000)))
 		if err != nil {
 			t.Fatal(err)
@@ -107,7 +111,7 @@ func TestPrefillOfUnobservedResponsesIsReleasedOnTheEstimate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		releasedAt(t, s, clk, 625*time.Millisecond)
+		releasedAt(t, s, clk, 500*time.Millisecond)
 		if got := loadOf(t, s, "model", "default", 1, 0).PotentialPrefillTokens; got != 3000 {
 			t.Fatalf("active prefill %d, want only the streamed request's 3,000 left", got)
 		}
@@ -145,6 +149,77 @@ func TestPrefillOfUnobservedResponsesIsReleasedOnTheEstimate(t *testing.T) {
 		if n := s.PendingPrefillReleases(); n != 0 {
 			t.Fatalf("%d releases queued with the estimate off", n)
 		}
+	})
+}
+
+// TestALongPromptIsReleasedAfterItsAttentionBoundPrefill: attention makes a prompt token's prefill
+// cost grow with the tokens before it, so a long or long-cached prompt is released later than
+// its uncached tokens at the rate would say (linear, and with the earlier 1.25 margin, the
+// 96,000-token prompt below was released at 12 s, 7 s before the model says it finishes).
+func TestALongPromptIsReleasedAfterItsAttentionBoundPrefill(t *testing.T) {
+	unobserved := func(r *picker.SelectRequest) { r.PrefillUnobserved = true }
+	t.Run("an uncached prompt costs its tokens times one plus half its length over the attention length", func(t *testing.T) {
+		clk := pickertest.NewClock(time0)
+		s := newService(t, func(c *picker.Config) { c.Now = clk.Now })
+		if got := picker.DefaultConfig().PrefillAttentionTokens; got != 48000 {
+			t.Fatalf("default attention length %v, want 48,000", got)
+		}
+		mustUpsert(t, s, worker(1))
+		// 96,000 × (1 + 48,000/48,000) = 192,000 tokens of work at the assumed 10,000 tokens/s.
+		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(96000), unobserved))
+		if err != nil {
+			t.Fatal(err)
+		}
+		releasedAt(t, s, clk, 19200*time.Millisecond)
+		_ = s.Free(ctxb(), sel.SelectionID)
+	})
+	t.Run("cached tokens before the uncached ones make each of them cost more", func(t *testing.T) {
+		clk := pickertest.NewClock(time0)
+		s := newService(t, func(c *picker.Config) { c.Now = clk.Now; c.PrefillAttentionTokens = 40000 })
+		mustUpsert(t, s, worker(1))
+		// Routing the first 32,000 tokens records them on worker 1 (approximate mode), so the
+		// second request computes only its last 16,000: 16,000 × (1 + (32,000 + 8,000)/40,000) =
+		// 32,000 tokens of work, 3.2 s at 10,000 tokens/s, twice the linear estimate.
+		history := prompt(32000)
+		first, err := s.SelectAndReserve(ctxb(), tokenReq(history))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Free(ctxb(), first.SelectionID); err != nil {
+			t.Fatal(err)
+		}
+		next := append(append([]uint32(nil), history...), prompt(16000)...)
+		sel, err := s.SelectAndReserve(ctxb(), tokenReq(next, unobserved))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := loadOf(t, s, "model", "default", 1, 0).PotentialPrefillTokens; got != 16000 {
+			t.Fatalf("booked prefill %d, want the 16,000 uncached tokens", got)
+		}
+		releasedAt(t, s, clk, 3200*time.Millisecond)
+		_ = s.Free(ctxb(), sel.SelectionID)
+	})
+	t.Run("the estimate of the longest prompt is bounded at a day", func(t *testing.T) {
+		// 16,777,216 tokens would take 82 h of work at 10,000 tokens/s.
+		clk := pickertest.NewClock(time0)
+		s := newService(t, func(c *picker.Config) { c.Now = clk.Now })
+		mustUpsert(t, s, worker(1))
+		isl := uint64(picker.MaxISLTokens)
+		_, err := s.SelectAndReserve(ctxb(), picker.SelectRequest{ModelName: "model", SelectionID: "huge", PrefillUnobserved: true,
+			Prompt: picker.Prompt{HashForm: true, BlockHashes: []uint64{}, SequenceHashes: []uint64{}, ISLTokens: isl, ISLTokensSet: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		releasedAt(t, s, clk, 24*time.Hour)
+	})
+	t.Run("a vanishing rate does not overflow the estimate into the past", func(t *testing.T) {
+		clk := pickertest.NewClock(time0)
+		s := newService(t, func(c *picker.Config) { c.Now = clk.Now; c.AssumedPrefillTokensPerSecond = 1e-12 })
+		mustUpsert(t, s, worker(1))
+		if _, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(1000), unobserved)); err != nil {
+			t.Fatal(err)
+		}
+		releasedAt(t, s, clk, 24*time.Hour)
 	})
 }
 
@@ -199,7 +274,7 @@ func TestAnEstimatedPrefillReleaseReachesThePeers(t *testing.T) {
 	if got := loadOf(t, peer, "model", "default", 1, 0).PotentialPrefillTokens; got != 2000 {
 		t.Fatalf("the peer's mirror holds %d prefill tokens, want 2000", got)
 	}
-	clk.Advance(time.Second) // 2,000 tokens at 10,000 tokens/s, ×1.25: due after 250 ms
+	clk.Advance(time.Second) // 2,000 tokens at 10,000 tokens/s: due after about 200 ms
 	if n := s.ReleaseDuePrefills(clk.Now()); n != 1 {
 		t.Fatalf("released %d, want 1", n)
 	}

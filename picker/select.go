@@ -384,7 +384,7 @@ func (s *Service) reserveLocked(ctx context.Context, p *partition, req *SelectRe
 	}
 	s.publishAdmission(pr.key, ch.view.blockSize, &b, pr.eff.track, req.Prompt.LoraName)
 	if req.PrefillUnobserved && prefill > 0 {
-		s.schedulePrefillRelease(req.SelectionID)
+		s.schedulePrefillRelease(req.SelectionID, ch.np.isl)
 	}
 	if queued && !s.stillSchedulable(c.WorkerID, pr.key) {
 		// The worker was drained while this request waited (§7.3 step 5).

@@ -179,6 +179,10 @@ type Config struct {
 	// uses while no rate is measured, as when no response is streamed at all; 0 holds the
 	// prefill until the response ends then.
 	AssumedPrefillTokensPerSecond float64 `env:"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND" envDefault:"10000" help:"prefill rate, tokens/s, of that estimate until one is measured (0 = hold to the response end)"`
+	// PrefillAttentionTokens is the context length (tokens, finite ≥ 0) at which that estimate
+	// takes a prompt token to cost twice the first one (attention over the tokens before it);
+	// 0 estimates linearly (picker.Config.PrefillAttentionTokens).
+	PrefillAttentionTokens float64 `env:"DYN_EPP_PREFILL_ATTENTION_TOKENS" envDefault:"48000" help:"context length, tokens, at which that estimate doubles a prompt token's prefill cost (attention); 0 = linear"`
 
 	// --- router configuration (selection-service.md §19.2) ---
 
@@ -853,6 +857,7 @@ func (c *Config) validateRouter() error {
 		{"DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT", c.DecodeActiveRequestWeight},
 		{"DYN_ROUTER_TEMPERATURE", c.RouterTemperature},
 		{"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND", c.AssumedPrefillTokensPerSecond},
+		{"DYN_EPP_PREFILL_ATTENTION_TOKENS", c.PrefillAttentionTokens},
 	}
 	for _, f := range nonNeg {
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {

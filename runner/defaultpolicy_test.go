@@ -69,21 +69,24 @@ func TestTheEPPRunsPredictedTTFTAndSelectServiceTheBuiltInCost(t *testing.T) {
 	})
 }
 
-// TestPrefillCompletionEstimateSettings checks DYN_EPP_ESTIMATE_PREFILL_COMPLETION and
-// DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND: their defaults, values reaching the picker, and bad
+// TestPrefillCompletionEstimateSettings checks DYN_EPP_ESTIMATE_PREFILL_COMPLETION,
+// DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND and DYN_EPP_PREFILL_ATTENTION_TOKENS: their defaults, values reaching the picker, and bad
 // values refused with the setting's name.
 func TestPrefillCompletionEstimateSettings(t *testing.T) {
 	tok := "DYN_EPP_TOKENIZER_DIR=" + sharedtest.Qwen3TokenizerDir(t)
 	for _, tc := range []struct {
-		env      string // "" = defaults
-		estimate bool
-		rate     float64
+		env       string // "" = defaults
+		estimate  bool
+		rate      float64
+		attention float64
 	}{
-		{"", true, picker.DefaultAssumedPrefillTokensPerSecond},
-		{"DYN_EPP_ESTIMATE_PREFILL_COMPLETION=false", false, picker.DefaultAssumedPrefillTokensPerSecond},
-		{"DYN_EPP_ESTIMATE_PREFILL_COMPLETION=yes", true, picker.DefaultAssumedPrefillTokensPerSecond},
-		{"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=0", true, 0},
-		{"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=25000", true, 25000},
+		{"", true, picker.DefaultAssumedPrefillTokensPerSecond, picker.DefaultPrefillAttentionTokens},
+		{"DYN_EPP_ESTIMATE_PREFILL_COMPLETION=false", false, picker.DefaultAssumedPrefillTokensPerSecond, picker.DefaultPrefillAttentionTokens},
+		{"DYN_EPP_ESTIMATE_PREFILL_COMPLETION=yes", true, picker.DefaultAssumedPrefillTokensPerSecond, picker.DefaultPrefillAttentionTokens},
+		{"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=0", true, 0, picker.DefaultPrefillAttentionTokens},
+		{"DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=25000", true, 25000, picker.DefaultPrefillAttentionTokens},
+		{"DYN_EPP_PREFILL_ATTENTION_TOKENS=0", true, picker.DefaultAssumedPrefillTokensPerSecond, 0},
+		{"DYN_EPP_PREFILL_ATTENTION_TOKENS=64000", true, picker.DefaultAssumedPrefillTokensPerSecond, 64000},
 	} {
 		env := []string{tok}
 		if tc.env != "" {
@@ -97,12 +100,12 @@ func TestPrefillCompletionEstimateSettings(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pc.EstimatePrefillCompletion != tc.estimate || pc.AssumedPrefillTokensPerSecond != tc.rate {
-			t.Errorf("%q: EstimatePrefillCompletion %v, AssumedPrefillTokensPerSecond %v; want %v, %v",
-				tc.env, pc.EstimatePrefillCompletion, pc.AssumedPrefillTokensPerSecond, tc.estimate, tc.rate)
+		if pc.EstimatePrefillCompletion != tc.estimate || pc.AssumedPrefillTokensPerSecond != tc.rate || pc.PrefillAttentionTokens != tc.attention {
+			t.Errorf("%q: EstimatePrefillCompletion %v, AssumedPrefillTokensPerSecond %v, PrefillAttentionTokens %v; want %v, %v, %v",
+				tc.env, pc.EstimatePrefillCompletion, pc.AssumedPrefillTokensPerSecond, pc.PrefillAttentionTokens, tc.estimate, tc.rate, tc.attention)
 		}
 	}
-	for _, bad := range []string{"DYN_EPP_ESTIMATE_PREFILL_COMPLETION=sometimes", "DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=-1"} {
+	for _, bad := range []string{"DYN_EPP_ESTIMATE_PREFILL_COMPLETION=sometimes", "DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND=-1", "DYN_EPP_PREFILL_ATTENTION_TOKENS=-1", "DYN_EPP_PREFILL_ATTENTION_TOKENS=NaN"} {
 		_, err := LoadConfig([]string{tok, bad}, nil, io.Discard)
 		if name, _, _ := strings.Cut(bad, "="); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s: %v, want an error naming the setting", bad, err)

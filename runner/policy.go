@@ -57,6 +57,7 @@ func pickerConfig(cfg Config, registry *catalog.Registry, log zerolog.Logger) (p
 	}
 	pc.EstimatePrefillCompletion = bool(cfg.EstimatePrefillCompletion)
 	pc.AssumedPrefillTokensPerSecond = cfg.AssumedPrefillTokensPerSecond
+	pc.PrefillAttentionTokens = cfg.PrefillAttentionTokens
 	ev := log.Info().Str("policy", res.Name).Str("type", res.Type).Str("selected_by", res.Source)
 	if res.Source == catalog.SourceHostDefault {
 		if p := defaultPolicyParams(cfg); p != nil {

@@ -460,6 +460,7 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 		Coalesce:        time.Duration(o.CoalesceMs * float64(time.Millisecond) / o.Speedup),
 		KveppEnv:        o.KveppEnv,
 		KveppProfileDir: o.KveppCPUProfile,
+		Virtual:         o.Virtual,
 	}
 	if rc.Sim.Engine == enginesim.EngineVLLM {
 		rc.Sim.Profile = o.simProfile()

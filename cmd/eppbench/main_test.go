@@ -474,4 +474,17 @@ func TestAssumedPrefillRateIsScaledBySpeedup(t *testing.T) {
 	if got := last(rc.kveppSpecFor(b, "w.yaml").environ()); got != "0" {
 		t.Errorf("assumed rate %q, want the router's 0", got)
 	}
+	if ttl := rc.kveppSpecFor(Baseline{Name: "kvepp"}, "w.yaml").ApproxTTL; ttl != 12*time.Second {
+		t.Errorf("approximate TTL %v, want 120 s / speedup 10", ttl)
+	}
+
+	// A virtual replay's kvepp reads the simulated clock itself: nothing is scaled (scaled, every
+	// non-streamed prefill was released 10× too early and the policy saw 10× faster prefills).
+	rc.Virtual = true
+	if got := last(rc.kveppSpecFor(Baseline{Name: "kvepp"}, "w.yaml").environ()); got != "10000" {
+		t.Errorf("virtual: assumed rate %q, want 10000 (kvepp's clock is the simulated one)", got)
+	}
+	if ttl := rc.kveppSpecFor(Baseline{Name: "kvepp"}, "w.yaml").ApproxTTL; ttl != 120*time.Second {
+		t.Errorf("virtual: approximate TTL %v, want 120 s", ttl)
+	}
 }

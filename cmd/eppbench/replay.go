@@ -111,6 +111,19 @@ type RunConfig struct {
 	KveppEnv []string
 	// KveppProfileDir, when set, receives one CPU profile per kvepp instance.
 	KveppProfileDir string
+	// Virtual replays in simulated time (--virtual): kvepp's clock is then the simulated one.
+	Virtual bool
+}
+
+// kveppClockSpeedup is how many simulated seconds pass per second of kvepp's clock: Speedup when
+// kvepp runs on the wall clock, 1 in a virtual replay, whose selection core reads the simulated
+// clock. kvepp's time-valued settings (the approximate TTL, the assumed prefill rate) are scaled
+// by it so they mean the same simulated time either way.
+func (rc RunConfig) kveppClockSpeedup() float64 {
+	if rc.Virtual {
+		return 1
+	}
+	return rc.Speedup
 }
 
 // requestResult is what the benchmark learned about one request.
@@ -204,9 +217,11 @@ func (rc RunConfig) workersFile(b Baseline) string {
 }
 
 // scaledAssumedRate is kvepp's default DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND (tokens per
-// second of kvepp's wall clock) for a pool whose simulated clock runs speedup times faster:
-// 10,000 tokens per simulated second, as the EPP assumes on real hardware. Unscaled, a non-streamed
-// booking would be released speedup times later than the default intends. It comes first among
+// second of kvepp's clock) for a pool whose simulated clock runs speedup times faster than
+// kvepp's (RunConfig.kveppClockSpeedup): 10,000 tokens per simulated second, as the EPP assumes on
+// real hardware. Unscaled, a non-streamed booking would be released speedup times later than the
+// default intends; scaled in a virtual replay, whose kvepp reads the simulated clock, speedup
+// times earlier. It comes first among
 // the extra settings, so a value given with --kvepp-env or a router's settings replaces it (as
 // written, in wall-clock tokens/s).
 func scaledAssumedRate(speedup float64) []string {
@@ -229,10 +244,10 @@ func (rc RunConfig) kveppSpecFor(b Baseline, workersFile string) kveppSpec {
 		Model:        rc.Model,
 		BlockSize:    rc.Sim.BlockSize,
 		TokenizerDir: rc.TokenizerDir,
-		ApproxTTL:    time.Duration(float64(120*time.Second) / rc.Speedup),
+		ApproxTTL:    time.Duration(float64(120*time.Second) / rc.kveppClockSpeedup()),
 		LogLevel:     rc.LogLevel,
 		LogFile:      filepath.Join(rc.WorkDir, "kvepp-"+slug+".log"),
-		Extra:        append(append(scaledAssumedRate(rc.Speedup), rc.KveppEnv...), b.Env...),
+		Extra:        append(append(scaledAssumedRate(rc.kveppClockSpeedup()), rc.KveppEnv...), b.Env...),
 		CPUProfile:   profilePath(rc.KveppProfileDir, slug),
 	}
 }
