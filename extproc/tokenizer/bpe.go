@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"hash/maphash"
+	"slices"
 	"strings"
 	"sync/atomic"
 )
@@ -230,10 +231,42 @@ type pieceCache struct {
 	slots []atomic.Pointer[pieceEntry]
 }
 
-// pieceEntry is one cached piece; never modified once stored.
+// pieceEntry is one cached piece; never modified once stored. A piece of up to len(short) bytes
+// and ids of up to len(inl) tokens — nearly every word of real text — are kept inside the entry,
+// so a look-up reads one object instead of chasing pointers to the piece and to the ids (on a
+// busy machine each of those is a cache miss, and the look-up runs for every word of a prompt).
 type pieceEntry struct {
-	piece string
-	ids   []uint32
+	ids   []uint32 // inl[:k] when the ids fit there
+	piece string   // set only for pieces longer than short
+	n     uint8    // len of the piece held in short; 0 when piece holds it
+	short [23]byte
+	inl   [4]uint32
+}
+
+// newPieceEntry returns the entry for piece s and its ids, both copied (detached from the
+// caller's possibly large text and reused id buffer).
+func newPieceEntry(s string, ids []uint32) *pieceEntry {
+	e := &pieceEntry{}
+	if len(s) <= len(e.short) {
+		e.n = uint8(copy(e.short[:], s))
+	} else {
+		e.piece = strings.Clone(s)
+	}
+	if len(ids) <= len(e.inl) {
+		k := copy(e.inl[:], ids)
+		e.ids = e.inl[:k:k]
+	} else {
+		e.ids = slices.Clone(ids)
+	}
+	return e
+}
+
+// is reports whether the entry holds piece s.
+func (e *pieceEntry) is(s string) bool {
+	if len(s) <= len(e.short) {
+		return int(e.n) == len(s) && string(e.short[:len(s)]) == s
+	}
+	return e.piece == s
 }
 
 const (
@@ -276,22 +309,23 @@ func load32(s string, i int) uint32 {
 
 func (c *pieceCache) get(s string) ([]uint32, bool) {
 	i := c.hash(s) & (pieceSlots - 1)
-	if e := c.slots[i].Load(); e != nil && e.piece == s {
+	if e := c.slots[i].Load(); e != nil && e.is(s) {
 		return e.ids, true
 	}
-	if e := c.slots[i^1].Load(); e != nil && e.piece == s {
+	if e := c.slots[i^1].Load(); e != nil && e.is(s) {
 		return e.ids, true
 	}
 	return nil, false
 }
 
+// put caches ids for piece s (both copied); pieces over maxCachedPiece bytes are not kept.
 func (c *pieceCache) put(s string, ids []uint32) {
 	if len(s) > maxCachedPiece {
 		return
 	}
 	h := c.hash(s)
 	i := h & (pieceSlots - 1)
-	e := &pieceEntry{piece: strings.Clone(s), ids: ids} // detached from the caller's (possibly large) text
+	e := newPieceEntry(s, ids)
 	switch {
 	case c.slots[i].Load() == nil:
 	case c.slots[i^1].Load() == nil:

@@ -452,7 +452,7 @@ func (t *Tokenizer) appendCharWord(cs *charSymbols, w string, dst []uint32) []ui
 		}
 		n := len(dst)
 		dst = t.model.encodeChars(p, dst)
-		t.cache.put(p, append([]uint32(nil), dst[n:]...))
+		t.cache.put(p, dst[n:])
 	}
 	return dst
 }
@@ -471,7 +471,7 @@ func (t *Tokenizer) appendPiece(p string, dst []uint32) []uint32 {
 	}
 	n := len(dst)
 	dst = t.model.encodeWord(p, dst)
-	t.cache.put(p, append([]uint32(nil), dst[n:]...))
+	t.cache.put(p, dst[n:])
 	return dst
 }
 
