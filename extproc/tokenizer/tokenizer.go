@@ -467,6 +467,9 @@ func (t *Tokenizer) appendPiece(p string, dst []uint32) []uint32 {
 		return dst
 	}
 	if ids, ok := t.cache.get(p); ok {
+		if len(ids) == 1 { // most words are one token: no copy call
+			return append(dst, ids[0])
+		}
 		return append(dst, ids...)
 	}
 	n := len(dst)
