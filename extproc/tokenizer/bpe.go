@@ -231,24 +231,43 @@ type pieceCache struct {
 	slots []atomic.Pointer[pieceEntry]
 }
 
-// pieceEntry is one cached piece; never modified once stored. A piece of up to len(short) bytes
-// and ids of up to len(inl) tokens — nearly every word of real text — are kept inside the entry,
-// so a look-up reads one object instead of chasing pointers to the piece and to the ids (on a
-// busy machine each of those is a cache miss, and the look-up runs for every word of a prompt).
+// pieceEntry is one cached piece; never modified once stored. A piece of up to shortPiece bytes
+// — nearly every word of real text — is identified by its length and two words (pieceWords), and
+// ids of up to len(inl) tokens are kept inside the entry: a look-up reads one object and compares
+// three integers instead of chasing pointers to the piece and to the ids (on a busy machine each
+// of those is a cache miss) and comparing bytes, for every word of a prompt.
 type pieceEntry struct {
-	ids   []uint32 // inl[:k] when the ids fit there
-	piece string   // set only for pieces longer than short
-	n     uint8    // len of the piece held in short; 0 when piece holds it
-	short [23]byte
-	inl   [4]uint32
+	ids    []uint32 // inl[:k] when the ids fit there
+	piece  string   // set only for pieces longer than shortPiece
+	wa, wb uint64   // pieceWords of a short piece
+	n      uint8    // len of a short piece; 0 for a long one
+	inl    [4]uint32
 }
 
-// newPieceEntry returns the entry for piece s and its ids, both copied (detached from the
-// caller's possibly large text and reused id buffer).
+// shortPiece is the longest piece pieceWords identifies, bytes.
+const shortPiece = 16
+
+// pieceWords returns two words that, with its length, identify a piece s of 1 to shortPiece
+// bytes: loads that together cover every byte of s (overlapping when len(s) is not 4 or 8).
+func pieceWords(s string) (a, b uint64) {
+	switch n := len(s); {
+	case n >= 8:
+		return load64(s, 0), load64(s, n-8)
+	case n >= 4:
+		return uint64(load32(s, 0)), uint64(load32(s, n-4))
+	case n > 0:
+		return uint64(s[0])<<16 | uint64(s[n>>1])<<8 | uint64(s[n-1]), 0
+	}
+	return 0, 0
+}
+
+// newPieceEntry returns the entry for piece s (not empty) and its ids, both copied (detached from
+// the caller's possibly large text and reused id buffer).
 func newPieceEntry(s string, ids []uint32) *pieceEntry {
 	e := &pieceEntry{}
-	if len(s) <= len(e.short) {
-		e.n = uint8(copy(e.short[:], s))
+	if len(s) <= shortPiece {
+		e.n = uint8(len(s))
+		e.wa, e.wb = pieceWords(s)
 	} else {
 		e.piece = strings.Clone(s)
 	}
@@ -261,14 +280,6 @@ func newPieceEntry(s string, ids []uint32) *pieceEntry {
 	return e
 }
 
-// is reports whether the entry holds piece s.
-func (e *pieceEntry) is(s string) bool {
-	if len(s) <= len(e.short) {
-		return int(e.n) == len(s) && string(e.short[:len(s)]) == s
-	}
-	return e.piece == s
-}
-
 const (
 	pieceSlots     = 1 << 17 // power of two
 	maxCachedPiece = 256
@@ -279,21 +290,18 @@ func newPieceCache() *pieceCache {
 	return &pieceCache{seed: seed, key: maphash.String(seed, "piece"), slots: make([]atomic.Pointer[pieceEntry], pieceSlots)}
 }
 
-// hash hashes a piece: pieces are mostly words of up to 16 bytes, hashed inline from two
-// (overlapping) loads, which costs a fraction of a maphash call; longer ones go through maphash.
+// hash hashes a piece: pieces are mostly words of up to shortPiece bytes, hashed inline from
+// their pieceWords, which costs a fraction of a maphash call; longer ones go through maphash.
 func (c *pieceCache) hash(s string) uint64 {
-	n := len(s)
-	var a, b uint64
-	switch {
-	case n > 16:
+	if len(s) > shortPiece {
 		return maphash.String(c.seed, s)
-	case n >= 8:
-		a, b = load64(s, 0), load64(s, n-8)
-	case n >= 4:
-		a, b = uint64(load32(s, 0)), uint64(load32(s, n-4))
-	case n > 0:
-		a = uint64(s[0])<<16 | uint64(s[n>>1])<<8 | uint64(s[n-1])
 	}
+	a, b := pieceWords(s)
+	return c.mix(a, b, len(s))
+}
+
+// mix is the inline hash of a short piece of n bytes with pieceWords a, b.
+func (c *pieceCache) mix(a, b uint64, n int) uint64 {
 	h := (a^c.key)*0x9E3779B97F4A7C15 ^ (b+uint64(n))*0xC2B2AE3D27D4EB4F
 	return h ^ h>>29
 }
@@ -307,12 +315,28 @@ func load32(s string, i int) uint32 {
 	return uint32(s[i]) | uint32(s[i+1])<<8 | uint32(s[i+2])<<16 | uint32(s[i+3])<<24
 }
 
+// get returns the cached ids of piece s (read-only).
 func (c *pieceCache) get(s string) ([]uint32, bool) {
-	i := c.hash(s) & (pieceSlots - 1)
-	if e := c.slots[i].Load(); e != nil && e.is(s) {
+	n := len(s)
+	if n > shortPiece {
+		i := maphash.String(c.seed, s) & (pieceSlots - 1)
+		if e := c.slots[i].Load(); e != nil && e.n == 0 && e.piece == s {
+			return e.ids, true
+		}
+		if e := c.slots[i^1].Load(); e != nil && e.n == 0 && e.piece == s {
+			return e.ids, true
+		}
+		return nil, false
+	}
+	if n == 0 {
+		return nil, false
+	}
+	a, b := pieceWords(s)
+	i := c.mix(a, b, n) & (pieceSlots - 1)
+	if e := c.slots[i].Load(); e != nil && e.wa == a && e.wb == b && int(e.n) == n {
 		return e.ids, true
 	}
-	if e := c.slots[i^1].Load(); e != nil && e.is(s) {
+	if e := c.slots[i^1].Load(); e != nil && e.wa == a && e.wb == b && int(e.n) == n {
 		return e.ids, true
 	}
 	return nil, false

@@ -7,20 +7,20 @@ import (
 	"testing"
 )
 
-// TestPieceCacheRoundTrip: pieces held inline (up to len(pieceEntry.short) bytes, up to
-// len(pieceEntry.inl) ids) and out of line come back with their own ids, detached from the
-// caller's buffers, and a look-up never answers for another piece of the same length or a prefix.
+// TestPieceCacheRoundTrip: pieces identified by their words (up to shortPiece bytes) and by
+// their bytes, with ids inline (up to len(pieceEntry.inl)) and out of line, come back with their
+// own ids, detached from the caller's buffers, and a look-up never answers for another piece of
+// the same length or a prefix.
 func TestPieceCacheRoundTrip(t *testing.T) {
 	c := newPieceCache()
-	var e pieceEntry
 	cases := []struct {
 		piece string
 		ids   []uint32
 	}{
 		{"ab", []uint32{7}},
 		{" hello", []uint32{1, 2, 3, 4}},
-		{strings.Repeat("x", len(e.short)), []uint32{5, 6, 7, 8, 9}},
-		{strings.Repeat("y", len(e.short)+1), []uint32{10}},
+		{strings.Repeat("x", shortPiece), []uint32{5, 6, 7, 8, 9}},
+		{strings.Repeat("y", shortPiece+1), []uint32{10}},
 		{strings.Repeat("z", maxCachedPiece), []uint32{11, 12, 13, 14, 15, 16}},
 	}
 	for _, tc := range cases {
@@ -69,6 +69,29 @@ func TestIsASCIIOverEveryPosition(t *testing.T) {
 				t.Fatalf("len %d: byte %#x at %d not seen", n, b[i], i)
 			}
 			b[i] = c
+		}
+	}
+}
+
+// TestPieceWordsIdentifyShortPieces: two pieces of the same length up to shortPiece bytes have the
+// same pieceWords only when they are equal — every byte is covered by one of the loads.
+func TestPieceWordsIdentifyShortPieces(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for n := 1; n <= shortPiece; n++ {
+		for range 50 {
+			b := make([]byte, n)
+			for i := range b {
+				b[i] = byte(rng.IntN(256))
+			}
+			a0, b0 := pieceWords(string(b))
+			for i := range b {
+				c := b[i]
+				b[i] ^= byte(1 + rng.IntN(255))
+				if a1, b1 := pieceWords(string(b)); a1 == a0 && b1 == b0 {
+					t.Fatalf("len %d: a change at byte %d leaves the words equal", n, i)
+				}
+				b[i] = c
+			}
 		}
 	}
 }
