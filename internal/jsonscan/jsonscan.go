@@ -102,8 +102,17 @@ func special(w uint64) uint64 {
 
 // StringSpecial returns the offset of the first byte at or after i that is '"', '\\' or a control
 // character (< 0x20) — where a JSON string's plain text ends — or len(b) when there is none. It
-// reads eight bytes at a time.
+// reads 32 bytes at a time while there is nothing to find (prompt text runs for kilobytes), then
+// eight.
 func StringSpecial(b []byte, i int) int {
+	for i+32 <= len(b) {
+		w := b[i : i+32]
+		if special(binary.LittleEndian.Uint64(w))|special(binary.LittleEndian.Uint64(w[8:]))|
+			special(binary.LittleEndian.Uint64(w[16:]))|special(binary.LittleEndian.Uint64(w[24:])) != 0 {
+			break
+		}
+		i += 32
+	}
 	for i+8 <= len(b) {
 		if m := special(binary.LittleEndian.Uint64(b[i:])); m != 0 {
 			return i + bits.TrailingZeros64(m)/8
