@@ -5,15 +5,24 @@ import (
 	"testing"
 )
 
-// BenchmarkStringSpecial scans 12 KB of plain prompt text for the end of a JSON string.
+// BenchmarkStringSpecial walks 12 KB of prompt text to the end of its JSON string as ValidString
+// does: plain text, and text with an escaped paragraph break every 70 bytes (as the synthetic
+// conversations of benchbody have).
 func BenchmarkStringSpecial(b *testing.B) {
-	text := bytes.Repeat([]byte("the quick brown fox jumps over the lazy dog 0. "), 256)
-	text = append(text, '"')
-	b.SetBytes(int64(len(text)))
-	for b.Loop() {
-		if StringSpecial(text, 0) != len(text)-1 {
-			b.Fatal("wrong end")
-		}
+	for _, tc := range []struct{ name, unit string }{
+		{"plain", "the quick brown fox jumps over the lazy dog 0. "},
+		{"escapes", "the quick brown fox jumps over the lazy dog while the router keeps\\n"},
+	} {
+		text := bytes.Repeat([]byte(tc.unit), 12<<10/len(tc.unit))
+		text = append([]byte{'"'}, append(text, '"')...)
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				if end, ok := ValidString(text, 0); !ok || end != len(text) {
+					b.Fatal("wrong end")
+				}
+			}
+		})
 	}
 }
 
