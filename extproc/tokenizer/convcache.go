@@ -560,7 +560,7 @@ func (r *convRequest) extend(e *convEntry, k int) ([]uint32, bool, error) {
 	}
 	pre := len(ids)
 	ids = append(ids, e.ids...)
-	marks := make([]segMark, 0, 16) // a chat of a few messages has a dozen segments
+	var marks []segMark
 	ids = r.t.appendEncodedAt(text, false, e.afterToken, ids, &marks)
 	if r.addSpecial {
 		ids = append(ids, r.t.post.suffix...)
@@ -606,7 +606,7 @@ func (r *convRequest) fromScratch() ([]uint32, bool, error) {
 		ids = append(ids, r.t.post.prefix...)
 	}
 	pre := len(ids)
-	marks := make([]segMark, 0, 16) // a chat of a few messages has a dozen segments
+	var marks []segMark
 	ids = r.t.appendEncodedAt(text, true, false, ids, &marks)
 	if r.addSpecial {
 		ids = append(ids, r.t.post.suffix...)
