@@ -35,6 +35,9 @@ type gieMetrics struct {
 	schedulerE2E    prometheus.Histogram
 	schedulerTries  *prometheus.CounterVec
 	collectorsInOrd []prometheus.Collector
+	// byModel and tries memoize the label children every exchange updates (gieModel).
+	byModel keyCache[*gieModel]
+	tries   keyCache[prometheus.Counter]
 }
 
 func newGIEMetrics() *gieMetrics {
@@ -119,14 +122,16 @@ func (g *gieMetrics) scheduled(d time.Duration, err error) {
 	if err != nil {
 		status = "failure"
 	}
-	g.schedulerTries.WithLabelValues(status).Inc()
+	tries, _ := g.tries.get(status, func(s string) (prometheus.Counter, error) { return g.schedulerTries.WithLabelValues(s), nil })
+	tries.Inc()
 }
 
 // routed counts a request the EPP routed to model's partition, with its body size (bytes).
 func (g *gieMetrics) routed(model string, bodyBytes int) {
-	g.requests.WithLabelValues(model, model).Inc()
-	g.requestSizes.WithLabelValues(model, model).Observe(float64(bodyBytes))
-	g.running.WithLabelValues(model).Inc()
+	mm := g.model(model)
+	mm.requests.Inc()
+	mm.requestSizes.Observe(float64(bodyBytes))
+	mm.running.Inc()
 }
 
 // rejected counts an ImmediateResponse of HTTP status code.
@@ -139,23 +144,50 @@ func (g *gieMetrics) rejected(model string, code int) {
 // error status.
 func (g *gieMetrics) finished(st *stream, completed bool) {
 	m := st.model
-	g.running.WithLabelValues(m).Dec()
+	mm := g.model(m)
+	mm.running.Dec()
 	if !completed {
 		return
 	}
 	d := time.Since(st.startedAt)
-	g.duration.WithLabelValues(m, m).Observe(d.Seconds())
-	g.responseSizes.WithLabelValues(m, m).Observe(float64(st.respBytes))
+	mm.duration.Observe(d.Seconds())
+	mm.responseSizes.Observe(float64(st.respBytes))
 	if st.respStatus >= 400 {
 		g.errors.WithLabelValues(m, m, gieModelServerError).Inc()
 	}
 	if n, ok := st.usageSeen.Prompt(); ok && n > 0 {
-		g.inputTokens.WithLabelValues(m, m).Observe(float64(n))
+		mm.inputTokens.Observe(float64(n))
 	}
 	if n, ok := st.usageSeen.Completion(); ok && n > 0 {
-		g.outputTokens.WithLabelValues(m, m).Observe(float64(n))
-		g.ntpot.WithLabelValues(m, m).Observe(d.Seconds() / float64(n))
+		mm.outputTokens.Observe(float64(n))
+		mm.ntpot.Observe(d.Seconds() / float64(n))
 	}
+}
+
+// gieModel is the label children of one served model (model_name = target_model_name = the
+// model), resolved once instead of hashing the labels at every update: nine look-ups per
+// exchange otherwise. All of a model's series exist from its first routed request on (zero until
+// observed, as Prometheus recommends for known label values); before, the token and duration
+// series appeared with their first observation.
+type gieModel struct {
+	requests                              prometheus.Counter
+	running                               prometheus.Gauge
+	requestSizes, responseSizes, duration prometheus.Observer
+	inputTokens, outputTokens, ntpot      prometheus.Observer
+}
+
+// model returns model's label children (memoized for up to maxCachedKeys models; labels are
+// served models only, epp.md §12).
+func (g *gieMetrics) model(m string) *gieModel {
+	mm, _ := g.byModel.get(m, func(m string) (*gieModel, error) {
+		return &gieModel{
+			requests: g.requests.WithLabelValues(m, m), running: g.running.WithLabelValues(m),
+			requestSizes: g.requestSizes.WithLabelValues(m, m), responseSizes: g.responseSizes.WithLabelValues(m, m),
+			duration: g.duration.WithLabelValues(m, m), inputTokens: g.inputTokens.WithLabelValues(m, m),
+			outputTokens: g.outputTokens.WithLabelValues(m, m), ntpot: g.ntpot.WithLabelValues(m, m),
+		}, nil
+	})
+	return mm
 }
 
 // gieErrorCode maps an ImmediateResponse status to the GIE error code.

@@ -45,6 +45,25 @@ func newStreamedReply(request bool, b []byte, eos bool) *extprocv3.ProcessingRes
 	return &r.resp
 }
 
+// responseHeadersReply is the response_headers reply, its four nested messages in one allocation.
+type responseHeadersReply struct {
+	resp   extprocv3.ProcessingResponse
+	oneof  extprocv3.ProcessingResponse_ResponseHeaders
+	hdrs   extprocv3.HeadersResponse
+	common extprocv3.CommonResponse
+}
+
+// newResponseHeadersReply returns the response_headers reply carrying header mutation mut (nil
+// for none).
+func newResponseHeadersReply(mut *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse {
+	r := &responseHeadersReply{}
+	r.common.HeaderMutation = mut
+	r.hdrs.Response = &r.common
+	r.oneof.ResponseHeaders = &r.hdrs
+	r.resp.Response = &r.oneof
+	return &r.resp
+}
+
 // headerSetter builds the set_headers of a header mutation: every HeaderValueOption, HeaderValue
 // and raw value in three allocations sized for n headers.
 type headerSetter struct {

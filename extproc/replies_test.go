@@ -35,6 +35,21 @@ func TestStreamedReplyIsOneAllocation(t *testing.T) {
 	}
 }
 
+// TestResponseHeadersReplyIsOneAllocation: the response_headers reply is the plain construction's
+// message, with or without a header mutation, in one allocation.
+func TestResponseHeadersReplyIsOneAllocation(t *testing.T) {
+	for _, mut := range []*extprocv3.HeaderMutation{nil, {RemoveHeaders: []string{"x"}}} {
+		want := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+			ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}}
+		if got := newResponseHeadersReply(mut); !proto.Equal(got, want) {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+		if n := testing.AllocsPerRun(100, func() { _ = newResponseHeadersReply(mut) }); n > 1 {
+			t.Errorf("%v allocations per reply, want 1", n)
+		}
+	}
+}
+
 // TestRoutingMutationAllocations: the routing reply's header mutation keeps the headers of epp.md
 // §5.9 / §5.10 in a handful of allocations (not three per header), and destinationMetadata shares
 // one unmodified metadata message per destination.

@@ -1037,11 +1037,15 @@ func streamedBody(b []byte, eos bool) *extprocv3.ProcessingResponse {
 
 func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) error {
 	for _, hv := range h.GetHeaders().GetHeaders() {
+		key := hv.GetKey()
+		if key != ":status" && key != "status" && key != "content-type" {
+			continue // only these are read: no string made of the others' values
+		}
 		v := hv.GetValue()
 		if raw := hv.GetRawValue(); len(raw) > 0 {
 			v = string(raw)
 		}
-		switch hv.GetKey() {
+		switch key {
 		case ":status":
 			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
 				st.respStatus = n
@@ -1059,13 +1063,11 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) error {
 	if st.phase == phaseForwarded {
 		st.phase = phaseResponding
 	}
-	reply := &extprocv3.CommonResponse{}
+	var mut *extprocv3.HeaderMutation
 	if st.s.cfg.ConformanceTestHooks {
-		reply.HeaderMutation = st.conformanceResponseHeaders()
+		mut = st.conformanceResponseHeaders()
 	}
-	if err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-		ResponseHeaders: &extprocv3.HeadersResponse{Response: reply},
-	}}); err != nil {
+	if err := st.send(newResponseHeadersReply(mut)); err != nil {
 		return err
 	}
 	if st.respMode == filterv3.ProcessingMode_NONE && st.respStatus < 400 {

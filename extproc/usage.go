@@ -228,29 +228,28 @@ func (p *UsageParser) parseEvent(data []byte) {
 	}
 }
 
+// usageFields are the usage members mergeUsage reads, in the order of its values.
+var usageFields = [...]string{"prompt_tokens", "completion_tokens", "total_tokens", "input_tokens", "output_tokens",
+	"prompt_tokens_details", "input_tokens_details"}
+
 func (p *UsageParser) mergeUsage(v []byte) {
 	if len(v) == 0 || v[0] != '{' {
 		return
 	}
-	var prompt, completion, total, input, output, promptDetails, inputDetails []byte
-	fields := [...]struct {
-		name string
-		dst  *[]byte
-	}{
-		{"prompt_tokens", &prompt}, {"completion_tokens", &completion}, {"total_tokens", &total},
-		{"input_tokens", &input}, {"output_tokens", &output},
-		{"prompt_tokens_details", &promptDetails}, {"input_tokens_details", &inputDetails},
-	}
+	// One array for the member values, so the callback captures one variable (one allocation,
+	// not one per field).
+	var vals [len(usageFields)][]byte
 	if !objectMembers(v, func(key, val []byte) {
-		for _, f := range fields {
-			if fieldIs(key, f.name) {
-				*f.dst = val
+		for i, name := range usageFields {
+			if fieldIs(key, name) {
+				vals[i] = val
 				return
 			}
 		}
 	}) {
 		return
 	}
+	prompt, completion, total, input, output, promptDetails, inputDetails := vals[0], vals[1], vals[2], vals[3], vals[4], vals[5], vals[6]
 	set(&p.usage.PromptTokens, prompt)
 	set(&p.usage.CompletionTokens, completion)
 	set(&p.usage.TotalTokens, total)

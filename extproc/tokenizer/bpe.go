@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"hash/maphash"
+	"slices"
 	"strings"
 	"sync/atomic"
 )
@@ -230,10 +231,53 @@ type pieceCache struct {
 	slots []atomic.Pointer[pieceEntry]
 }
 
-// pieceEntry is one cached piece; never modified once stored.
+// pieceEntry is one cached piece; never modified once stored. A piece of up to shortPiece bytes
+// — nearly every word of real text — is identified by its length and two words (pieceWords), and
+// ids of up to len(inl) tokens are kept inside the entry: a look-up reads one object and compares
+// three integers instead of chasing pointers to the piece and to the ids (on a busy machine each
+// of those is a cache miss) and comparing bytes, for every word of a prompt.
 type pieceEntry struct {
-	piece string
-	ids   []uint32
+	ids    []uint32 // inl[:k] when the ids fit there
+	piece  string   // set only for pieces longer than shortPiece
+	wa, wb uint64   // pieceWords of a short piece
+	n      uint8    // len of a short piece; 0 for a long one
+	inl    [4]uint32
+}
+
+// shortPiece is the longest piece pieceWords identifies, bytes.
+const shortPiece = 16
+
+// pieceWords returns two words that, with its length, identify a piece s of 1 to shortPiece
+// bytes: loads that together cover every byte of s (overlapping when len(s) is not 4 or 8).
+func pieceWords(s string) (a, b uint64) {
+	switch n := len(s); {
+	case n >= 8:
+		return load64(s, 0), load64(s, n-8)
+	case n >= 4:
+		return uint64(load32(s, 0)), uint64(load32(s, n-4))
+	case n > 0:
+		return uint64(s[0])<<16 | uint64(s[n>>1])<<8 | uint64(s[n-1]), 0
+	}
+	return 0, 0
+}
+
+// newPieceEntry returns the entry for piece s (not empty) and its ids, both copied (detached from
+// the caller's possibly large text and reused id buffer).
+func newPieceEntry(s string, ids []uint32) *pieceEntry {
+	e := &pieceEntry{}
+	if len(s) <= shortPiece {
+		e.n = uint8(len(s))
+		e.wa, e.wb = pieceWords(s)
+	} else {
+		e.piece = strings.Clone(s)
+	}
+	if len(ids) <= len(e.inl) {
+		k := copy(e.inl[:], ids)
+		e.ids = e.inl[:k:k]
+	} else {
+		e.ids = slices.Clone(ids)
+	}
+	return e
 }
 
 const (
@@ -246,21 +290,18 @@ func newPieceCache() *pieceCache {
 	return &pieceCache{seed: seed, key: maphash.String(seed, "piece"), slots: make([]atomic.Pointer[pieceEntry], pieceSlots)}
 }
 
-// hash hashes a piece: pieces are mostly words of up to 16 bytes, hashed inline from two
-// (overlapping) loads, which costs a fraction of a maphash call; longer ones go through maphash.
+// hash hashes a piece: pieces are mostly words of up to shortPiece bytes, hashed inline from
+// their pieceWords, which costs a fraction of a maphash call; longer ones go through maphash.
 func (c *pieceCache) hash(s string) uint64 {
-	n := len(s)
-	var a, b uint64
-	switch {
-	case n > 16:
+	if len(s) > shortPiece {
 		return maphash.String(c.seed, s)
-	case n >= 8:
-		a, b = load64(s, 0), load64(s, n-8)
-	case n >= 4:
-		a, b = uint64(load32(s, 0)), uint64(load32(s, n-4))
-	case n > 0:
-		a = uint64(s[0])<<16 | uint64(s[n>>1])<<8 | uint64(s[n-1])
 	}
+	a, b := pieceWords(s)
+	return c.mix(a, b, len(s))
+}
+
+// mix is the inline hash of a short piece of n bytes with pieceWords a, b.
+func (c *pieceCache) mix(a, b uint64, n int) uint64 {
 	h := (a^c.key)*0x9E3779B97F4A7C15 ^ (b+uint64(n))*0xC2B2AE3D27D4EB4F
 	return h ^ h>>29
 }
@@ -274,24 +315,41 @@ func load32(s string, i int) uint32 {
 	return uint32(s[i]) | uint32(s[i+1])<<8 | uint32(s[i+2])<<16 | uint32(s[i+3])<<24
 }
 
+// get returns the cached ids of piece s (read-only).
 func (c *pieceCache) get(s string) ([]uint32, bool) {
-	i := c.hash(s) & (pieceSlots - 1)
-	if e := c.slots[i].Load(); e != nil && e.piece == s {
+	n := len(s)
+	if n > shortPiece {
+		i := maphash.String(c.seed, s) & (pieceSlots - 1)
+		if e := c.slots[i].Load(); e != nil && e.n == 0 && e.piece == s {
+			return e.ids, true
+		}
+		if e := c.slots[i^1].Load(); e != nil && e.n == 0 && e.piece == s {
+			return e.ids, true
+		}
+		return nil, false
+	}
+	if n == 0 {
+		return nil, false
+	}
+	a, b := pieceWords(s)
+	i := c.mix(a, b, n) & (pieceSlots - 1)
+	if e := c.slots[i].Load(); e != nil && e.wa == a && e.wb == b && int(e.n) == n {
 		return e.ids, true
 	}
-	if e := c.slots[i^1].Load(); e != nil && e.piece == s {
+	if e := c.slots[i^1].Load(); e != nil && e.wa == a && e.wb == b && int(e.n) == n {
 		return e.ids, true
 	}
 	return nil, false
 }
 
+// put caches ids for piece s (both copied); pieces over maxCachedPiece bytes are not kept.
 func (c *pieceCache) put(s string, ids []uint32) {
 	if len(s) > maxCachedPiece {
 		return
 	}
 	h := c.hash(s)
 	i := h & (pieceSlots - 1)
-	e := &pieceEntry{piece: strings.Clone(s), ids: ids} // detached from the caller's (possibly large) text
+	e := newPieceEntry(s, ids)
 	switch {
 	case c.slots[i].Load() == nil:
 	case c.slots[i^1].Load() == nil:

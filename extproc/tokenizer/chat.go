@@ -233,7 +233,12 @@ func (t *Tokenizer) renderConversation(tmpl *chatTemplate, in *chatInput, conv *
 		return "", err
 	}
 	vb := &valueBuilder{}
-	data := make(map[string]jinja.Value, 8)
+	// Sized for every variable set below: a map grown past its hint rehashes on every render.
+	nvars := len(t.chat.specialTokens) + renderVars
+	if in.kwargs != nil {
+		nvars += len(in.kwargs.keys)
+	}
+	data := make(map[string]jinja.Value, nvars)
 	for _, st := range t.chat.specialTokens {
 		data[st.name] = jinja.NewString(st.value)
 	}
@@ -267,6 +272,11 @@ func (t *Tokenizer) renderConversation(tmpl *chatTemplate, in *chatInput, conv *
 	}
 	return out, nil
 }
+
+// renderVars counts the variables renderConversation sets besides the special tokens and the
+// chat_template_kwargs: tools, documents, add_generation_prompt, messages, the tojson filter,
+// strftime_now and the template's text table.
+const renderVars = 7
 
 // errTemplatePanic marks a panic inside the template engine: a server-side defect (502), unlike a
 // template error over the request (400).

@@ -78,6 +78,9 @@ func (v *jval) set(key string, val *jval) {
 			v.idx[key] = len(v.keys)
 		}
 	}
+	if v.keys == nil { // room for a message's members at once, instead of growing 1, 2, 4
+		v.keys, v.vals = make([]string, 0, 4), make([]*jval, 0, 4)
+	}
 	v.keys = append(v.keys, key)
 	v.vals = append(v.vals, val)
 }
@@ -331,6 +334,9 @@ func (p *jsonParser) str() (string, error) {
 	if i < len(d) && d[i] == '"' {
 		if s := d[start:i]; utf8.Valid(s) {
 			p.pos = i + 1
+			if k, ok := chatWord(s); ok {
+				return k, nil
+			}
 			return string(s), nil
 		}
 	}
@@ -478,4 +484,30 @@ func (vb *valueBuilder) number(lit string) jinja.Value {
 	}
 	f, _ := strconv.ParseFloat(lit, 64) // out of range → ±Inf, as Python's float()
 	return jinja.NewFloat(f)
+}
+
+// chatWord returns the constant for the member names and roles every chat message repeats, so
+// decoding them allocates nothing.
+func chatWord(b []byte) (string, bool) {
+	switch string(b) { // compared without converting
+	case "role":
+		return "role", true
+	case "content":
+		return "content", true
+	case "user":
+		return "user", true
+	case "assistant":
+		return "assistant", true
+	case "system":
+		return "system", true
+	case "type":
+		return "type", true
+	case "text":
+		return "text", true
+	case "tool":
+		return "tool", true
+	case "name":
+		return "name", true
+	}
+	return "", false
 }

@@ -41,9 +41,15 @@ func (n formNormalizer) normalize(s string) string {
 	return n.f.String(s)
 }
 
-// isASCII reports whether s has no byte ≥ 0x80.
+// isASCII reports whether s has no byte ≥ 0x80. It reads 32 bytes per step (a whole prompt
+// is checked per segment), then 8, then single bytes.
 func isASCII(s string) bool {
 	i := 0
+	for ; i+32 <= len(s); i += 32 {
+		if (load64(s, i)|load64(s, i+8)|load64(s, i+16)|load64(s, i+24))&0x8080808080808080 != 0 {
+			return false
+		}
+	}
 	for ; i+8 <= len(s); i += 8 {
 		if (uint64(s[i])|uint64(s[i+1])<<8|uint64(s[i+2])<<16|uint64(s[i+3])<<24|
 			uint64(s[i+4])<<32|uint64(s[i+5])<<40|uint64(s[i+6])<<48|uint64(s[i+7])<<56)&0x8080808080808080 != 0 {

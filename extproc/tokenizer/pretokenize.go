@@ -183,6 +183,9 @@ func scanLlamaLike(s string, i int, maxDigits int) int {
 			return j
 		}
 	}
+	if j := asciiSingleEnd(s, i, maxDigits); j > 0 {
+		return j
+	}
 	if n := contraction(s, i, true); n > 0 {
 		return i + n
 	}
@@ -242,6 +245,32 @@ func asciiWordEnd(s string, i int) int {
 		return -1
 	}
 	return j
+}
+
+// asciiSingleEnd returns i+1 for the one-byte pieces of ASCII prose that the cases of
+// scanLlamaLike after its first cut that way, found without them: a digit when numbers are cut
+// digit by digit (`\p{N}`, Qwen2), a space before a digit (`\s+` stopping before it), and
+// punctuation other than a quote before a space (` ?[^\s\p{L}\p{N}]+[\r\n]*`). 0 otherwise.
+func asciiSingleEnd(s string, i, maxDigits int) int {
+	c := s[i]
+	if c >= utf8.RuneSelf {
+		return 0
+	}
+	switch asciiClass[c] {
+	case clsNumber:
+		if maxDigits == 1 {
+			return i + 1
+		}
+	case clsSpace:
+		if c == ' ' && i+1 < len(s) && s[i+1] < utf8.RuneSelf && asciiClass[s[i+1]] == clsNumber {
+			return i + 1
+		}
+	case clsOther:
+		if c != '\'' && i+1 < len(s) && s[i+1] == ' ' {
+			return i + 1
+		}
+	}
+	return 0
 }
 
 func scanQwen2(s string, i int) int  { return scanLlamaLike(s, i, 1) }

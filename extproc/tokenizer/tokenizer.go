@@ -496,7 +496,7 @@ func (t *Tokenizer) appendCharWord(cs *charSymbols, w string, dst []uint32) []ui
 		}
 		n := len(dst)
 		dst = t.model.encodeChars(p, dst)
-		t.cache.put(p, append([]uint32(nil), dst[n:]...))
+		t.cache.put(p, dst[n:])
 	}
 	return dst
 }
@@ -514,11 +514,14 @@ func (t *Tokenizer) appendPiece(p string, dst []uint32) []uint32 {
 		return t.appendLongPiece(p, dst, t.model.encodeWord)
 	}
 	if ids, ok := t.cache.get(p); ok {
+		if len(ids) == 1 { // most words are one token: no copy call
+			return append(dst, ids[0])
+		}
 		return append(dst, ids...)
 	}
 	n := len(dst)
 	dst = t.model.encodeWord(p, dst)
-	t.cache.put(p, append([]uint32(nil), dst[n:]...))
+	t.cache.put(p, dst[n:])
 	return dst
 }
 

@@ -102,8 +102,25 @@ func special(w uint64) uint64 {
 
 // StringSpecial returns the offset of the first byte at or after i that is '"', '\\' or a control
 // character (< 0x20) — where a JSON string's plain text ends — or len(b) when there is none. It
-// reads eight bytes at a time.
+// reads 32 bytes at a time (prompt text runs for kilobytes), then eight.
 func StringSpecial(b []byte, i int) int {
+	for i+32 <= len(b) {
+		w := b[i : i+32]
+		m0, m1 := special(binary.LittleEndian.Uint64(w)), special(binary.LittleEndian.Uint64(w[8:]))
+		m2, m3 := special(binary.LittleEndian.Uint64(w[16:])), special(binary.LittleEndian.Uint64(w[24:]))
+		if m0|m1|m2|m3 != 0 { // the lowest flagged byte of the first flagged word (special is exact there)
+			switch {
+			case m0 != 0:
+				return i + bits.TrailingZeros64(m0)/8
+			case m1 != 0:
+				return i + 8 + bits.TrailingZeros64(m1)/8
+			case m2 != 0:
+				return i + 16 + bits.TrailingZeros64(m2)/8
+			}
+			return i + 24 + bits.TrailingZeros64(m3)/8
+		}
+		i += 32
+	}
 	for i+8 <= len(b) {
 		if m := special(binary.LittleEndian.Uint64(b[i:])); m != 0 {
 			return i + bits.TrailingZeros64(m)/8
