@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/kvepp/kvepp/internal/jsonscan"
+	"github.com/kvepp/kvepp/picker"
 )
 
 // OutputTracker is implemented by a Picker that grows bookings with the output KV of running
@@ -186,3 +187,5 @@ func (st *stream) trackOutput() {
 	st.outputs = &outputCounter{}
 	st.usage.onEvent = st.outputs.event
 }
+
+var _ OutputTracker = (*picker.Service)(nil)

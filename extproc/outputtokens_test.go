@@ -6,9 +6,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvepp/kvepp/extproc"
 	"github.com/kvepp/kvepp/extproc/extproctest"
+	"github.com/kvepp/kvepp/picker"
+	"github.com/kvepp/kvepp/picker/pickertest"
 )
 
 // trackingPicker is the fake picker with extproc.OutputTracker: it records every reported total
@@ -140,4 +143,75 @@ func TestStreamedOutputTokensReachThePicker(t *testing.T) {
 			t.Fatalf("reported %v for a response that is not streamed", got)
 		}
 	})
+}
+
+// countingService is the real selection core, counting the output blocks OutputTokens added.
+type countingService struct {
+	*picker.Service
+	mu    sync.Mutex
+	added int
+}
+
+func (c *countingService) OutputTokens(ctx context.Context, id string, generated uint64) (int, error) {
+	n, err := c.Service.OutputTokens(ctx, id, generated)
+	c.mu.Lock()
+	c.added += n
+	c.mu.Unlock()
+	return n, err
+}
+
+// TestOutputBlocksOverTheRealCoreAreFreedWithTheResponse runs streamed responses through the
+// ext_proc server over the real selection core with DYN_ROUTER_TRACK_OUTPUT_BLOCKS: the bookings
+// grow by one block per 4 generated tokens (block size 4), and once the response ends — or the
+// client cancels mid-response — the worker's active blocks and requests are back to zero.
+func TestOutputBlocksOverTheRealCoreAreFreedWithTheResponse(t *testing.T) {
+	for _, cancelAfter := range []int{0, 2} {
+		pc := pickertest.Config(3, 9)
+		pc.Router.TrackActiveBlocks, pc.Router.TrackOutputBlocks = true, true
+		svc, err := picker.New(pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs := uint32(4)
+		if _, err := svc.UpsertWorker(context.Background(), picker.WorkerRecord{WorkerID: 1, ModelName: "m", Endpoint: "http://10.0.0.1:8000", BlockSize: &bs}, picker.SourceAPI); err != nil {
+			t.Fatal(err)
+		}
+		cs := &countingService{Service: svc}
+		srv, err := extproc.NewServer(extproc.Config{Picker: cs, Tokenizers: &fakeTokenizers{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := extproctest.NewClient(extproctest.Serve(t, srv.Register, srv.GRPCServerOptions()...))
+		chunks := [][]byte{
+			sse(`{"choices":[{"text":"a"}],"usage":{"prompt_tokens":4,"completion_tokens":1}}`),
+			sse(`{"choices":[{"text":"b"}],"usage":{"prompt_tokens":4,"completion_tokens":17}}`), // 4 blocks
+			sse(`{"choices":[{"text":"c"}],"usage":{"prompt_tokens":4,"completion_tokens":33}}`), // 8 blocks
+			sse(`[DONE]`),
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		_, err = client.Do(ctx, extproctest.Request{Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":[1,2,3,4,5,6,7,8],"stream":true}`),
+			Response: &extproctest.Response{ContentType: "text/event-stream", Chunks: chunks, CancelAfterChunks: cancelAfter}})
+		cancel()
+		if err != nil && cancelAfter == 0 {
+			t.Fatal(err)
+		}
+		want := 8
+		if cancelAfter > 0 {
+			want = 4
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			l := svc.Loads("", "")[0].Loads[0]
+			cs.mu.Lock()
+			added := cs.added
+			cs.mu.Unlock()
+			if l.ActiveRequests == 0 && l.PotentialDecodeBlocks == 0 && added == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cancel after %d: %d output blocks added (want %d); %d requests and %d blocks still active", cancelAfter, added, want, l.ActiveRequests, l.PotentialDecodeBlocks)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 }
