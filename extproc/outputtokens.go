@@ -43,46 +43,101 @@ type outputCounter struct {
 	exact      uint64 // the latest usage completion/output tokens
 	exactSeen  bool
 	reported   uint64 // the last total passed to OutputTokens
+
+	// Per-event scratch and the member callbacks over it, built once per response so that
+	// counting an event allocates nothing.
+	usage, choices      []byte
+	completion, output  []byte
+	text                int
+	carries             bool
+	top, usageM, choice func(key, v []byte)
+	delta               func(key, v []byte)
+	elem                func(elem []byte, start, end int) bool
+}
+
+// newOutputCounter returns a counter with its callbacks bound.
+func newOutputCounter() *outputCounter {
+	c := &outputCounter{}
+	c.top = func(key, v []byte) {
+		switch {
+		case fieldIs(key, "usage"):
+			c.usage = v
+		case fieldIs(key, "choices"):
+			c.choices = v
+		case fieldIs(key, "delta"): // Responses API: response.output_text.delta and friends
+			c.addText(v)
+		}
+	}
+	c.usageM = func(key, v []byte) {
+		switch {
+		case fieldIs(key, "completion_tokens"):
+			c.completion = v
+		case fieldIs(key, "output_tokens"):
+			c.output = v
+		}
+	}
+	c.delta = func(key, v []byte) {
+		if fieldIs(key, "content") || fieldIs(key, "reasoning_content") || fieldIs(key, "reasoning") || fieldIs(key, "tool_calls") {
+			c.addText(v)
+		}
+	}
+	c.choice = func(key, v []byte) {
+		switch {
+		case fieldIs(key, "text"):
+			c.addText(v)
+		case fieldIs(key, "delta") && len(v) > 0 && v[0] == '{':
+			objectMembers(v, c.delta)
+		}
+	}
+	c.elem = func(elem []byte, _, _ int) bool {
+		if len(elem) > 0 && elem[0] == '{' {
+			objectMembers(elem, c.choice)
+		}
+		return true
+	}
+	return c
+}
+
+// addText counts a generated-text value: a non-empty string by its JSON length without the
+// quotes, a non-empty array (tool calls) by its JSON length; anything else carries nothing.
+func (c *outputCounter) addText(v []byte) {
+	switch {
+	case len(v) > 2 && v[0] == '"':
+		c.text, c.carries = c.text+len(v)-2, true
+	case len(v) > 2 && v[0] == '[':
+		c.text, c.carries = c.text+len(v), true
+	}
 }
 
 // event counts one SSE event's data (a JSON object; anything else, such as [DONE], is skipped).
+// A role-only or finish-only delta carries no generated text and counts nothing.
 func (c *outputCounter) event(data []byte) {
 	i := jsonscan.SkipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
 		return
 	}
-	var usage, choices []byte
-	var delta int
-	if !objectMembers(data, func(key, v []byte) {
-		switch {
-		case fieldIs(key, "usage"):
-			usage = v
-		case fieldIs(key, "choices"):
-			choices = v
-		case fieldIs(key, "delta"): // Responses API: response.output_text.delta and friends
-			if len(v) > 0 && v[0] == '"' {
-				delta = len(v) - 2
-			}
-		}
-	}) {
+	c.usage, c.choices, c.text, c.carries = nil, nil, 0, false
+	if !objectMembers(data, c.top) {
 		return
 	}
-	if n, ok := completionTokens(usage); ok {
-		c.exact, c.exactSeen = n, true
-	}
-	text, carries := delta, delta > 0
-	if len(choices) > 0 && choices[0] == '[' {
-		jsonscan.Elements(choices, func(elem []byte, _, _ int) bool {
-			if n, ok := choiceText(elem); ok {
-				text, carries = text+n, true
+	if len(c.usage) > 0 && c.usage[0] == '{' {
+		c.completion, c.output = nil, nil
+		if objectMembers(c.usage, c.usageM) {
+			if n, ok := tokenCount(c.completion); ok {
+				c.exact, c.exactSeen = n, true
+			} else if n, ok := tokenCount(c.output); ok {
+				c.exact, c.exactSeen = n, true
 			}
-			return true
-		})
+		}
 	}
-	if carries {
+	if len(c.choices) > 0 && c.choices[0] == '[' {
+		jsonscan.Elements(c.choices, c.elem)
+	}
+	if c.carries {
 		c.textEvents++
-		c.textBytes += uint64(text)
+		c.textBytes += uint64(c.text)
 	}
+	c.usage, c.choices = nil, nil
 }
 
 // generated returns the output tokens counted so far (exact when usage was reported).
@@ -91,58 +146,6 @@ func (c *outputCounter) generated() uint64 {
 		return c.exact
 	}
 	return max(c.textEvents, (c.textBytes+outputCharsPerToken-1)/outputCharsPerToken)
-}
-
-// completionTokens reads usage.completion_tokens (else usage.output_tokens).
-func completionTokens(usage []byte) (uint64, bool) {
-	if len(usage) == 0 || usage[0] != '{' {
-		return 0, false
-	}
-	var completion, output []byte
-	if !objectMembers(usage, func(key, v []byte) {
-		switch {
-		case fieldIs(key, "completion_tokens"):
-			completion = v
-		case fieldIs(key, "output_tokens"):
-			output = v
-		}
-	}) {
-		return 0, false
-	}
-	if n, ok := tokenCount(completion); ok {
-		return n, true
-	}
-	return tokenCount(output)
-}
-
-// choiceText returns the generated text bytes of one choice of a streamed chunk and whether it
-// carries any generated output at all (a role-only or finish-only delta does not).
-func choiceText(choice []byte) (int, bool) {
-	if len(choice) == 0 || choice[0] != '{' {
-		return 0, false
-	}
-	n, carries := 0, false
-	add := func(v []byte) {
-		switch {
-		case len(v) > 2 && v[0] == '"':
-			n, carries = n+len(v)-2, true
-		case len(v) > 2 && v[0] == '[': // tool_calls: count their JSON
-			n, carries = n+len(v), true
-		}
-	}
-	objectMembers(choice, func(key, v []byte) {
-		switch {
-		case fieldIs(key, "text"):
-			add(v)
-		case fieldIs(key, "delta") && len(v) > 0 && v[0] == '{':
-			objectMembers(v, func(k, dv []byte) {
-				if fieldIs(k, "content") || fieldIs(k, "reasoning_content") || fieldIs(k, "reasoning") || fieldIs(k, "tool_calls") {
-					add(dv)
-				}
-			})
-		}
-	})
-	return n, carries
 }
 
 // outputTracker returns the server's Picker as an OutputTracker when it tracks output blocks.
@@ -184,7 +187,7 @@ func (st *stream) trackOutput() {
 	if s := st.bk.state.Load(); s != bookingLive && s != bookingPrefilled {
 		return
 	}
-	st.outputs = &outputCounter{}
+	st.outputs = newOutputCounter()
 	st.usage.onEvent = st.outputs.event
 }
 
