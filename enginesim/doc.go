@@ -23,6 +23,8 @@
 //     `data: [DONE]`. The usage chunk is always sent (as if
 //     stream_options.include_usage were set). Usage is {prompt_tokens,
 //     completion_tokens, total_tokens, prompt_tokens_details:{cached_tokens}}.
+//     With stream_options.continuous_usage_stats (vLLM) every token chunk also
+//     carries usage {prompt_tokens, completion_tokens so far, total_tokens}.
 //   - GET /health answers 200 with an empty body; GET /v1/models lists the model.
 //   - Every response carries X-Enginesim-Worker: <Config.Name>. An X-Request-Id
 //     request header becomes the request's id (response id "cmpl-<id>" or

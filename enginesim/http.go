@@ -42,6 +42,13 @@ type requestBody struct {
 	MaxTokens           *int64          `json:"max_tokens"`
 	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
 	Stream              bool            `json:"stream"`
+	StreamOptions       *streamOptions  `json:"stream_options"`
+}
+
+// streamOptions is the request's stream_options. The final usage chunk is always sent;
+// continuous_usage_stats (vLLM) adds usage with the completion tokens so far to every chunk.
+type streamOptions struct {
+	ContinuousUsageStats bool `json:"continuous_usage_stats"`
 }
 
 type chatMessageIn struct {
@@ -404,6 +411,9 @@ func (w *Worker) serveGenerate(rw http.ResponseWriter, r *http.Request, chat boo
 			chunk.Choices = []chatChoice{{Delta: &chatDelta{Content: &text}, FinishReason: fin}}
 		} else {
 			chunk.Choices = []completionChoice{{Text: text, FinishReason: fin}}
+		}
+		if o := body.StreamOptions; o != nil && o.ContinuousUsageStats {
+			chunk.Usage = &usage{PromptTokens: len(tokens), CompletionTokens: to, TotalTokens: len(tokens) + to}
 		}
 		return send(chunk)
 	})

@@ -367,3 +367,24 @@ func BenchmarkCompletionRoundTrip(b *testing.B) {
 		}
 	}
 }
+
+// TestContinuousUsageStatsReportTheTokensSoFar checks vLLM's stream_options.continuous_usage_stats:
+// every token chunk carries usage with the completion tokens generated so far (with
+// --stream-interval grouping), which lets a router count a running response's output exactly.
+func TestContinuousUsageStatsReportTheTokensSoFar(t *testing.T) {
+	w := startWorker(t, Config{TimeScale: 0.001, DecodePerToken: 1, StreamInterval: 3})
+	status, _, body := postJSON(t, w.Endpoint()+"/v1/completions", map[string]any{"prompt": seqTokens(5, 20), "max_tokens": 8,
+		"stream": true, "stream_options": map[string]any{"include_usage": true, "continuous_usage_stats": true}})
+	if status != http.StatusOK {
+		t.Fatalf("status %d: %s", status, body)
+	}
+	events := sseEvents(t, body)
+	if len(events) != 6 {
+		t.Fatalf("got %d events %q, want 4 token chunks, a usage chunk and [DONE]", len(events), events)
+	}
+	for k, want := range []int{1, 4, 7, 8} {
+		if u := decodeResponse(t, events[k]).Usage; u == nil || u.CompletionTokens != want || u.PromptTokens != 20 {
+			t.Errorf("chunk %d = %s, want usage with 20 prompt and %d completion tokens", k, events[k], want)
+		}
+	}
+}

@@ -37,6 +37,19 @@ type SimStep struct {
 	Finished []RequestRecord
 	// Events are the step's KV events: evicted blocks, then newly cached blocks per request.
 	Events []Event
+	// OutputBlocks lists the requests whose output filled a KV block in this step: the generated
+	// token count reached a multiple of the block size (EngineVLLM only; the simple engine emits
+	// no per-token steps). A driver that tracks output KV, as kvepp's response path does for
+	// streamed responses, reports these totals.
+	OutputBlocks []OutputProgress
+}
+
+// OutputProgress is one request's generated output so far.
+type OutputProgress struct {
+	// ID is the request id.
+	ID string
+	// Generated is the number of output tokens generated so far.
+	Generated int
 }
 
 // NewSim validates cfg as [Start] does (a zero Engine means EngineVLLM here; the socket, name,
@@ -118,6 +131,9 @@ func (s *Sim) Step() (SimStep, bool) {
 			out.FirstTokens = append(out.FirstTokens, tok.r.id)
 		} else {
 			s.itl.Add(tok.gap, 1)
+		}
+		if tok.r.generated%s.cfg.BlockSize == 0 {
+			out.OutputBlocks = append(out.OutputBlocks, OutputProgress{ID: tok.r.id, Generated: tok.r.generated})
 		}
 	}
 	for _, r := range res.finished {

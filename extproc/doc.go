@@ -27,6 +27,11 @@
 // slices of it. A tokenizer may attach a picker.BlockHashMemo to its prompt (a continuing
 // conversation's cached prefix) so the picker hashes only the new blocks.
 //
+// When the Picker implements OutputTracker and tracks output blocks (DYN_ROUTER_TRACK_OUTPUT_BLOCKS),
+// the response path counts a streamed response's generated tokens (exact from per-chunk usage,
+// else estimated from its SSE events; outputtokens.go) and reports the running total after each
+// chunk, so the booking grows by one output block per block_size tokens until it is freed.
+//
 // The package also provides Health, the gRPC health service of epp.md §9, and UsageParser, the
 // response usage parser of epp.md §6.4. The Envoy emulator used by tests lives in
 // extproc/extproctest.

@@ -217,6 +217,10 @@ type stream struct {
 	// (conformance hooks).
 	lbSeen, servedKey bool
 	servedValue       string
+
+	// outputs counts a streamed response's generated tokens for the picker's output blocks
+	// (outputtokens.go); nil unless the picker tracks them.
+	outputs *outputCounter
 }
 
 func newStream(s *Server, ps extprocv3.ExternalProcessor_ProcessServer) *stream {
@@ -1100,8 +1104,10 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 		if !st.completed {
 			if st.usage == nil {
 				st.usage = NewUsageParser(st.respContentType, st.reqStream)
+				st.trackOutput()
 			}
 			st.usage.Write(chunk)
+			st.reportOutput()
 		}
 	}
 	if b.GetEndOfStream() {

@@ -67,6 +67,10 @@ type UsageParser struct {
 	bodyOver bool
 
 	usage Usage
+
+	// onEvent, when set, receives the data of every complete SSE event (streaming only) before
+	// its usage is merged; the slice is only valid during the call.
+	onEvent func(data []byte)
 }
 
 // NewUsageParser returns a parser for a response with the given content-type; requestStream is
@@ -192,6 +196,9 @@ func (p *UsageParser) line(l []byte) {
 // dispatch ends the current event.
 func (p *UsageParser) dispatch() {
 	if p.hasData && !p.discard {
+		if p.onEvent != nil {
+			p.onEvent(p.event)
+		}
 		p.parseEvent(p.event)
 	}
 	p.event, p.hasData, p.discard = p.event[:0], false, false

@@ -78,7 +78,9 @@ type RouterSettings struct {
 	RouterTemperature float64
 	// TrackActiveBlocks makes bookings hold their sequence hashes as active blocks (§10.3).
 	TrackActiveBlocks bool
-	// TrackOutputBlocks is accepted for configuration parity; output_block works regardless.
+	// TrackOutputBlocks makes OutputTokens grow bookings with the output blocks of their
+	// responses (the EPP reports streamed responses' generated tokens); output_block works
+	// regardless (§10.3).
 	TrackOutputBlocks bool
 	// AssumeKVReuse makes token-form tracking hashes the sequence-hash chain; false makes them
 	// fresh random values per block (§6.1).

@@ -615,7 +615,9 @@ func completionBody(dst []byte, model string, req *Request, seed uint64, stream 
 	if !stream {
 		return append(dst, `,"stream":false}`...)
 	}
-	dst = append(dst, `,"stream":true,"stream_options":{"include_usage":true}}`...)
+	// continuous_usage_stats (vLLM): every chunk reports the output tokens so far, which kvepp's
+	// response path uses for output blocks (DYN_ROUTER_TRACK_OUTPUT_BLOCKS) instead of estimating.
+	dst = append(dst, `,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`...)
 	return dst
 }
 

@@ -157,6 +157,7 @@ func runVirtualBaseline(ctx context.Context, rc RunConfig, b Baseline) (*baselin
 				_ = svc.PrefillComplete(ctx, id)
 			}
 		}
+		feedVirtualOutput(ctx, svc, st.OutputBlocks, func(id string) bool { return results[index[id]].streamed })
 		for _, rec := range st.Finished {
 			i := index[rec.ID]
 			res := &results[i]
@@ -216,4 +217,20 @@ func applyVirtualEvents(idx *kvindex.Index, conv *kvevents.Converter, events []e
 		}
 	}
 	return nil
+}
+
+// feedVirtualOutput reports the output progress of streamed requests to the selection core as
+// kvepp's ext_proc response path does (extproc: one OutputTokens call with the running total per
+// response chunk; here at every output block boundary, which is where a call can change the
+// booking). Non-streamed responses report nothing, as over the wire. With
+// DYN_ROUTER_TRACK_OUTPUT_BLOCKS off OutputTokens does nothing.
+func feedVirtualOutput(ctx context.Context, svc *picker.Service, progress []enginesim.OutputProgress, streamed func(id string) bool) {
+	if !svc.TracksOutputBlocks() {
+		return
+	}
+	for _, p := range progress {
+		if streamed(p.ID) {
+			_, _ = svc.OutputTokens(ctx, p.ID, uint64(p.Generated))
+		}
+	}
 }

@@ -180,12 +180,25 @@ func (p *Params) TTFT(ctx *policies.WorkerSelectionContext, cache *policies.Cach
 	r := p.rate(load)
 	t := (float64(load.ActivePrefillTokens()) + p.uncached(ctx, cache, load)) / r
 	if e := load.Engine(); e.TotalKVBlocks > 0 && p.KVPressureWeight > 0 {
-		newBlocks := max(ctx.RequestBlocks()-cache.DeviceOverlapBlocks(), 0)
-		if over := e.ActiveBlocks + newBlocks - e.TotalKVBlocks; over > 0 {
+		if over := p.heldBlocks(ctx, load) - e.TotalKVBlocks; over > 0 {
 			t += p.KVPressureWeight * float64(over*ctx.BlockSize()) / r
 		}
 	}
 	return t
+}
+
+// heldBlocks is the KV memory the candidate's engine must hold once the request runs, in blocks:
+// what its live bookings hold (prompt blocks and, with DYN_ROUTER_TRACK_OUTPUT_BLOCKS, the output
+// blocks of running responses) plus every block of this prompt they do not hold yet
+// (decode_cost_blocks, §10.4) and its trailing partial block. A prompt block the engine caches but
+// no live booking holds counts too: the engine pins it for the request (it is no longer
+// evictable), so a cache hit saves the prefill but not the memory.
+func (p *Params) heldBlocks(ctx *policies.WorkerSelectionContext, load *policies.LoadInputs) int {
+	partial := 0
+	if bs := ctx.BlockSize(); bs > 0 {
+		partial = max(ctx.RequestBlocks()-ctx.ISLTokens()/bs, 0)
+	}
+	return load.DecodeCostBlocks() + partial
 }
 
 // TTFTScorer costs a candidate by its predicted time to first token (Params.TTFT, seconds). It

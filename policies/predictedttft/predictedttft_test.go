@@ -71,6 +71,16 @@ func TestPredictedTTFT(t *testing.T) {
 			t.Fatalf("ttft %v, want 24 ms", got)
 		}
 	})
+	t.Run("KV overflow counts cached prompt blocks no live booking holds: running pins them", func(t *testing.T) {
+		// 10 full blocks, all cached on the device but held by no live booking (decode cost =
+		// 95 active + 10): the engine must pin them, so 5 do not fit even though nothing is
+		// prefilled. Output blocks of running responses are part of the 95 active blocks.
+		c := worker(1, 0, 10)
+		c.Engine.TotalKVBlocks, c.Engine.ActiveBlocks, c.DecodeCost = 100, 95, 105
+		if got := ttft(p, 160, c); !near(got, 0.008) {
+			t.Fatalf("ttft %v, want the 5 blocks' wait (8 ms) and no prefill", got)
+		}
+	})
 	t.Run("a prefix live bookings are computing counts as cached", func(t *testing.T) {
 		c := worker(1, 0, 2)
 		// 20 full blocks; decode cost = 30 active + 5 not held → 15 held: the live prefix.

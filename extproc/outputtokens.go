@@ -1,0 +1,194 @@
+package extproc
+
+import (
+	"context"
+
+	"github.com/kvepp/kvepp/internal/jsonscan"
+	"github.com/kvepp/kvepp/picker"
+)
+
+// OutputTracker is implemented by a Picker that grows bookings with the output KV of running
+// responses (*picker.Service; DYN_ROUTER_TRACK_OUTPUT_BLOCKS, selection-service.md §10.3
+// "output_block"). When the configured Picker implements it and TracksOutputBlocks is true, the
+// server counts the generated tokens of every streamed response and reports the running total
+// after each response chunk.
+type OutputTracker interface {
+	// TracksOutputBlocks reports whether OutputTokens does anything; the server parses nothing
+	// for it otherwise.
+	TracksOutputBlocks() bool
+	// OutputTokens reports that the live reservation selectionID has generated generated output
+	// tokens so far (a running total); it returns the output blocks it added. An error (the
+	// reservation is gone) is logged at debug level and otherwise ignored.
+	OutputTokens(ctx context.Context, selectionID string, generated uint64) (int, error)
+}
+
+// outputCharsPerToken is the generated text bytes counted as one token when a stream reports no
+// usage until its end: OpenAI's rule of thumb for English text with a byte-level BPE vocabulary
+// (≈ 4 characters per token). It only matters when an event carries several tokens (vLLM's
+// --stream-interval > 1); an event with any text counts at least one token.
+const outputCharsPerToken = 4
+
+// outputCounter counts the output tokens of one streamed response from its SSE events (fed by
+// UsageParser as each event completes). Exact when the stream reports usage with each chunk
+// (vLLM's stream_options.continuous_usage_stats, or any event carrying usage.completion_tokens /
+// usage.output_tokens): the latest reported count is used. Otherwise it is an estimate: every
+// event that carries generated text — choices[].text, choices[].delta.content,
+// choices[].delta.reasoning_content / reasoning, choices[].delta.tool_calls, or a Responses API
+// "delta" — is at least one token (vLLM sends one event per token by default), and all the text
+// is at least ⌈bytes / outputCharsPerToken⌉ tokens (its JSON-escaped length, which slightly
+// overstates escaped text). Not safe for concurrent use.
+type outputCounter struct {
+	textEvents uint64 // events carrying generated text
+	textBytes  uint64 // JSON-escaped bytes of generated text
+	exact      uint64 // the latest usage completion/output tokens
+	exactSeen  bool
+	reported   uint64 // the last total passed to OutputTokens
+
+	// Per-event scratch and the member callbacks over it, built once per response so that
+	// counting an event allocates nothing.
+	usage, choices      []byte
+	completion, output  []byte
+	text                int
+	carries             bool
+	top, usageM, choice func(key, v []byte)
+	delta               func(key, v []byte)
+	elem                func(elem []byte, start, end int) bool
+}
+
+// newOutputCounter returns a counter with its callbacks bound.
+func newOutputCounter() *outputCounter {
+	c := &outputCounter{}
+	c.top = func(key, v []byte) {
+		switch {
+		case fieldIs(key, "usage"):
+			c.usage = v
+		case fieldIs(key, "choices"):
+			c.choices = v
+		case fieldIs(key, "delta"): // Responses API: response.output_text.delta and friends
+			c.addText(v)
+		}
+	}
+	c.usageM = func(key, v []byte) {
+		switch {
+		case fieldIs(key, "completion_tokens"):
+			c.completion = v
+		case fieldIs(key, "output_tokens"):
+			c.output = v
+		}
+	}
+	c.delta = func(key, v []byte) {
+		if fieldIs(key, "content") || fieldIs(key, "reasoning_content") || fieldIs(key, "reasoning") || fieldIs(key, "tool_calls") {
+			c.addText(v)
+		}
+	}
+	c.choice = func(key, v []byte) {
+		switch {
+		case fieldIs(key, "text"):
+			c.addText(v)
+		case fieldIs(key, "delta") && len(v) > 0 && v[0] == '{':
+			objectMembers(v, c.delta)
+		}
+	}
+	c.elem = func(elem []byte, _, _ int) bool {
+		if len(elem) > 0 && elem[0] == '{' {
+			objectMembers(elem, c.choice)
+		}
+		return true
+	}
+	return c
+}
+
+// addText counts a generated-text value: a non-empty string by its JSON length without the
+// quotes, a non-empty array (tool calls) by its JSON length; anything else carries nothing.
+func (c *outputCounter) addText(v []byte) {
+	switch {
+	case len(v) > 2 && v[0] == '"':
+		c.text, c.carries = c.text+len(v)-2, true
+	case len(v) > 2 && v[0] == '[':
+		c.text, c.carries = c.text+len(v), true
+	}
+}
+
+// event counts one SSE event's data (a JSON object; anything else, such as [DONE], is skipped).
+// A role-only or finish-only delta carries no generated text and counts nothing.
+func (c *outputCounter) event(data []byte) {
+	i := jsonscan.SkipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return
+	}
+	c.usage, c.choices, c.text, c.carries = nil, nil, 0, false
+	if !objectMembers(data, c.top) {
+		return
+	}
+	if len(c.usage) > 0 && c.usage[0] == '{' {
+		c.completion, c.output = nil, nil
+		if objectMembers(c.usage, c.usageM) {
+			if n, ok := tokenCount(c.completion); ok {
+				c.exact, c.exactSeen = n, true
+			} else if n, ok := tokenCount(c.output); ok {
+				c.exact, c.exactSeen = n, true
+			}
+		}
+	}
+	if len(c.choices) > 0 && c.choices[0] == '[' {
+		jsonscan.Elements(c.choices, c.elem)
+	}
+	if c.carries {
+		c.textEvents++
+		c.textBytes += uint64(c.text)
+	}
+	c.usage, c.choices = nil, nil
+}
+
+// generated returns the output tokens counted so far (exact when usage was reported).
+func (c *outputCounter) generated() uint64 {
+	if c.exactSeen {
+		return c.exact
+	}
+	return max(c.textEvents, (c.textBytes+outputCharsPerToken-1)/outputCharsPerToken)
+}
+
+// outputTracker returns the server's Picker as an OutputTracker when it tracks output blocks.
+func (s *Server) outputTracker() OutputTracker {
+	if t, ok := s.cfg.Picker.(OutputTracker); ok && t.TracksOutputBlocks() {
+		return t
+	}
+	return nil
+}
+
+// reportOutput passes the streamed response's generated-token total to the picker when it grew
+// and the booking is still live (never after free).
+func (st *stream) reportOutput() {
+	c := st.outputs
+	if c == nil {
+		return
+	}
+	n := c.generated()
+	if n <= c.reported {
+		return
+	}
+	if s := st.bk.state.Load(); s != bookingLive && s != bookingPrefilled {
+		return
+	}
+	c.reported = n
+	if _, err := st.s.outputTracker().OutputTokens(st.ctx, st.bk.id, n); err != nil {
+		st.s.log.Debug().Err(err).Str("selection_id", st.bk.id).Msg("output tokens not recorded")
+	}
+}
+
+// trackOutput attaches an output counter to the response's usage parser when the picker tracks
+// output blocks, the request holds a booking and the response succeeded. Only SSE events reach
+// it: a response that is not streamed arrives whole, when the booking is about to be freed, so
+// its output is never reported (see README "Output blocks").
+func (st *stream) trackOutput() {
+	if st.respStatus >= 400 || st.s.outputTracker() == nil {
+		return
+	}
+	if s := st.bk.state.Load(); s != bookingLive && s != bookingPrefilled {
+		return
+	}
+	st.outputs = newOutputCounter()
+	st.usage.onEvent = st.outputs.event
+}
+
+var _ OutputTracker = (*picker.Service)(nil)
