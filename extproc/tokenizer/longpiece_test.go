@@ -225,6 +225,11 @@ func TestAddedTokenSegmentsAreBounded(t *testing.T) {
 	if got := tk.getSegs(); cap(*got) > 4*segmentLimit {
 		t.Errorf("segment scratch of %d for a limit of %d", cap(*got), segmentLimit)
 	}
+	// /tokenize refuses it with its own reason (audit 8: it used to blame a long word).
+	_, err = tk.TokenizeCompletion(completionBody(t, text))
+	if err == nil || !strings.Contains(err.Error(), "more than 100 added (special) tokens") || strings.Contains(err.Error(), "bytes") {
+		t.Errorf("TokenizeCompletion: %v, want the added-token segment limit named", err)
+	}
 }
 
 // TestLongPieceRealSentencePieceModels: in the real Llama 2 and Gemma 3 tokenizers (fetched by

@@ -313,7 +313,7 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
 	ids := t.encode(text, addSpecialTokens)
 	if InexactPieces() != before {
 		for i, id := range ids {
-			if id == inexactID {
+			if isInexact(id) {
 				ids[i] = 0
 			}
 		}
