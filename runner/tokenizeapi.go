@@ -106,7 +106,7 @@ func (a *tokenizeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	a.tokenize(w, lt.Tokenizer, body)
+	a.tokenize(w, lt.Tokenizer.WithContext(r.Context()), body)
 }
 
 // resolve finds the tokenizer of the request's model as ext_proc does (epp.md §5.5): the body's
@@ -169,6 +169,11 @@ func (a *tokenizeAPI) tokenize(w http.ResponseWriter, tk *tokenizer.Tokenizer, b
 		}
 	default:
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "either prompt or messages is required")
+		return
+	}
+	if cerr := tk.Err(); cerr != nil {
+		// The client went away and the encode stopped early (audit 8 #3): ids are incomplete.
+		vllmError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "", "the request ended while it was tokenized: "+cerr.Error())
 		return
 	}
 	if err != nil {

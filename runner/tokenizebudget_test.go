@@ -202,3 +202,22 @@ func TestTokenizeBudgetSmallBodiesOvertakeWaiters(t *testing.T) {
 		t.Fatalf("in flight %d after every release, want 0", got)
 	}
 }
+
+// TestLocalTokenizerStopsWhenTheRequestEnds (audit 8 finding 3): a request whose context ends
+// while it is tokenized gets its context's error (the ext_proc stream counts it as cancelled,
+// not success) and gives its budget share back.
+func TestLocalTokenizerStopsWhenTheRequestEnds(t *testing.T) {
+	lt := qwenLocal(t)
+	lt.budget = newTokenizeBudget(8<<20, time.Minute)
+	lt.budget.stats = &budgetStats{}
+	body := []byte(`{"model":"m","prompt":"` + strings.Repeat("the quick brown fox jumps over the lazy dog ", 1<<15) + `"}`)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := lt.TokenizePrompt(ctx, extproc.TokenizeCall{Kind: extproc.PromptCompletion, Body: body})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("TokenizePrompt after the request ended: %v, want context.Canceled", err)
+	}
+	if got := lt.budget.stats.inFlight.Load(); got != 0 {
+		t.Fatalf("%d bytes still in flight", got)
+	}
+}
