@@ -221,3 +221,30 @@ func TestLocalTokenizerStopsWhenTheRequestEnds(t *testing.T) {
 		t.Fatalf("%d bytes still in flight", got)
 	}
 }
+
+// TestDetokenizeCountsAgainstTheBudget (audit 8 finding 7): /detokenize builds its answer in
+// memory (up to ~18× the body: Qwen3's longest token is 128 characters), so it waits for
+// DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES weighted by the body and the ids' spellings; a full budget
+// answers 503 as /tokenize does.
+func TestDetokenizeCountsAgainstTheBudget(t *testing.T) {
+	budget := newTokenizeBudget(1<<20, 10*time.Millisecond)
+	budget.stats = &budgetStats{}
+	srv := tokenizeServer(t, func(_ *Config, set *tokenizerSet) {
+		lt := set.def.(localTokenizer)
+		lt.budget = budget
+		set.def = lt
+	})
+	body := `{"tokens":[9707,1879]}`
+	if code, out := post(t, srv.URL+"/detokenize", body); code != 200 {
+		t.Fatalf("%d %s", code, out)
+	}
+	hold, err := budget.acquire(context.Background(), 1<<20-4) // 4 bytes left: less than the request
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold()
+	code, out := post(t, srv.URL+"/detokenize", body)
+	if code != 503 || !strings.Contains(out, "the local tokenizer is busy") {
+		t.Fatalf("full budget: %d %s, want 503 naming the budget", code, out)
+	}
+}
