@@ -16,11 +16,14 @@ type encodeStop struct {
 }
 
 // check counts n more bytes of text encoded and reports whether the encode must stop. A nil
-// *encodeStop never stops.
+// *encodeStop never stops. It is inlined (the encode loops call it once per piece): the nil test
+// is all an encode without a context pays.
 func (s *encodeStop) check(n int) bool {
-	if s == nil {
-		return false
-	}
+	return s != nil && s.count(n)
+}
+
+// count is check for a non-nil s.
+func (s *encodeStop) count(n int) bool {
 	if s.bytes += n; s.bytes >= stopCheckBytes {
 		s.bytes = 0
 		s.stopped = s.ctx.Err() != nil
