@@ -89,21 +89,26 @@ type longPieceState struct {
 // tokens; a byte-level spelling covers one byte per character), at least 1. ceil(n / it) is a
 // lower bound on the ids of n bytes.
 func (t *Tokenizer) maxTokenBytes() int {
-	t.long.once.Do(func() {
-		m := 1
-		for _, tok := range t.idToToken {
-			n := len(tok)
-			if t.pre.byteLevel {
-				n = utf8.RuneCountInString(tok)
-			}
-			m = max(m, n)
-		}
-		for _, a := range t.addedByID {
-			m = max(m, len(a.content))
-		}
-		t.long.maxBytes = m
-	})
+	if t.long == nil { // a Tokenizer not built by Load (tests)
+		return t.computeMaxTokenBytes()
+	}
+	t.long.once.Do(func() { t.long.maxBytes = t.computeMaxTokenBytes() })
 	return t.long.maxBytes
+}
+
+func (t *Tokenizer) computeMaxTokenBytes() int {
+	m := 1
+	for _, tok := range t.idToToken {
+		n := len(tok)
+		if t.pre.byteLevel {
+			n = utf8.RuneCountInString(tok)
+		}
+		m = max(m, n)
+	}
+	for _, a := range t.addedByID {
+		m = max(m, len(a.content))
+	}
+	return m
 }
 
 // appendLongPiece appends the estimated ids of a piece longer than MaxExactPieceBytes as

@@ -34,14 +34,14 @@ type Tokenizer struct {
 	modelMaxLength int  // tokenizer_config.json model_max_length, 0 = unknown
 	maxPositions   int  // config.json max_position_embeddings, 0 = unknown
 
-	segPool *sync.Pool // *[]segment scratch (a pointer: WithContext views share it)
+	segPool *sync.Pool // *[]segment scratch (a pointer: WithContext views share it); nil: none
 
 	// cacheID tells this tokenizer's entries apart in a shared ConversationCache; prefixSafe
 	// reports raw added tokens without lstrip/rstrip/single_word, which the cache needs.
 	cacheID    uint64
 	prefixSafe bool
 
-	long *longPieceState // pieces over MaxExactPieceBytes (longpiece.go)
+	long *longPieceState // pieces over MaxExactPieceBytes (longpiece.go); nil: not cached
 
 	stop *encodeStop // nil except in a WithContext view (cancel.go)
 }
@@ -358,6 +358,9 @@ func sanitizeUTF8(s string) string {
 }
 
 func (t *Tokenizer) getSegs() *[]segment {
+	if t.segPool == nil { // a Tokenizer not built by Load (tests)
+		return new([]segment)
+	}
 	if p, ok := t.segPool.Get().(*[]segment); ok {
 		*p = (*p)[:0]
 		return p
@@ -427,7 +430,7 @@ func (t *Tokenizer) appendEncodedAt(text string, atStart, afterToken bool, dst [
 	if marks != nil {
 		*marks = append(*marks, segMark{len(text), len(dst), afterToken})
 	}
-	if cap(*segs) <= maxPooledSegments {
+	if cap(*segs) <= maxPooledSegments && t.segPool != nil {
 		t.segPool.Put(segs) // not a huge one: the pool would keep it (audit 7 R3)
 	}
 	return dst
