@@ -77,7 +77,7 @@ func NewMetrics() *Metrics {
 		tokenizeDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvepp_tokenize_duration_seconds",
 			Help:    "Time spent tokenizing a request prompt, seconds.",
-			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18),
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 21), // 50 µs … 52 s: a 64 MiB body takes tens of seconds
 		}),
 		overlapTokens: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvepp_overlap_tokens",

@@ -162,6 +162,22 @@ func (l localTokenizer) TokenizePrompt(ctx context.Context, call extproc.Tokeniz
 		return extproc.TokenizedPrompt{}, err
 	}
 	defer release()
+	lv := l.withContext(ctx)
+	p, err := lv.tokenizePrompt(call)
+	if cerr := lv.Err(); cerr != nil {
+		return extproc.TokenizedPrompt{}, cerr // the client went away: stopped early (audit 8 #3)
+	}
+	return p, err
+}
+
+// withContext is l with a tokenizer view whose encodes stop when ctx ends (Tokenizer.WithContext).
+func (l localTokenizer) withContext(ctx context.Context) localTokenizer {
+	l.Tokenizer = l.Tokenizer.WithContext(ctx)
+	return l
+}
+
+// tokenizePrompt is TokenizePrompt after the budget is acquired.
+func (l localTokenizer) tokenizePrompt(call extproc.TokenizeCall) (extproc.TokenizedPrompt, error) {
 	req, err := l.request(call)
 	if err != nil {
 		return extproc.TokenizedPrompt{}, err

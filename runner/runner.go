@@ -308,6 +308,7 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	inst.Metrics.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvepp_tokenizer_inexact_pieces_total",
 		Help: "Text the local tokenizer estimated instead of encoding — a pre-tokenized piece (a word, a run of spaces or punctuation) longer than 16 KiB, or a prompt's text after 1,048,576 added-token segments: the request was routed with the ids from there on booked as uncached, or refused where exact ids are required (/tokenize)."},
 		func() float64 { return float64(tokenizer.InexactPieces()) }))
+	registerBudgetMetrics(inst.Metrics)
 	metricsLn, err := listen(cfg.BindAddress, cfg.MetricsPort, cfg.name("DYN_EPP_METRICS_PORT"))
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -97,7 +98,7 @@ func (a *tokenizeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Path == "/detokenize" {
-		a.detokenize(w, lt.Tokenizer, body)
+		a.detokenize(r.Context(), w, lt, body)
 		return
 	}
 	release, err := lt.budget.acquire(r.Context(), len(body))
@@ -106,7 +107,7 @@ func (a *tokenizeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	a.tokenize(w, lt.Tokenizer, body)
+	a.tokenize(w, lt.Tokenizer.WithContext(r.Context()), body)
 }
 
 // resolve finds the tokenizer of the request's model as ext_proc does (epp.md §5.5): the body's
@@ -171,6 +172,11 @@ func (a *tokenizeAPI) tokenize(w http.ResponseWriter, tk *tokenizer.Tokenizer, b
 		vllmError(w, http.StatusBadRequest, "BadRequestError", "", "either prompt or messages is required")
 		return
 	}
+	if cerr := tk.Err(); cerr != nil {
+		// The client went away and the encode stopped early (audit 8 #3): ids are incomplete.
+		vllmError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "", "the request ended while it was tokenized: "+cerr.Error())
+		return
+	}
 	if err != nil {
 		status, typ := http.StatusBadRequest, "BadRequestError"
 		if !errors.Is(err, tokenizer.ErrBadRequest) && err.Error() != "prompt must be a string" {
@@ -198,7 +204,8 @@ func (a *tokenizeAPI) tokenize(w http.ResponseWriter, tk *tokenizer.Tokenizer, b
 	writeJSON(w, http.StatusOK, resp)
 }
 
-func (a *tokenizeAPI) detokenize(w http.ResponseWriter, tk *tokenizer.Tokenizer, body []byte) {
+func (a *tokenizeAPI) detokenize(ctx context.Context, w http.ResponseWriter, lt localTokenizer, body []byte) {
+	tk := lt.Tokenizer
 	var req struct {
 		Tokens *[]int64 `json:"tokens"`
 	}
@@ -211,13 +218,24 @@ func (a *tokenizeAPI) detokenize(w http.ResponseWriter, tk *tokenizer.Tokenizer,
 		return
 	}
 	ids := make([]uint32, len(*req.Tokens))
+	spelled := 0 // bytes of the ids' spellings: about the answer's size (up to ~18× the body)
 	for i, v := range *req.Tokens {
-		if _, ok := tk.TokenString(uint32(v)); v < 0 || v > 1<<32-1 || !ok {
+		s, ok := tk.TokenString(uint32(v))
+		if v < 0 || v > 1<<32-1 || !ok {
 			vllmError(w, http.StatusBadRequest, "BadRequestError", "tokens", "token id "+strconv.FormatInt(v, 10)+" is out of vocabulary")
 			return
 		}
 		ids[i] = uint32(v)
+		spelled += len(s)
 	}
+	// The answer is built in memory, so it counts against DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES
+	// like a body being tokenized (audit 8 finding 7: 1.75 MB of ids decode to 32 MB).
+	release, err := lt.budget.acquire(ctx, len(body)+spelled)
+	if err != nil {
+		vllmError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "", err.Error())
+		return
+	}
+	defer release()
 	text, err := tk.Decode(ids, false)
 	if err != nil {
 		vllmError(w, http.StatusInternalServerError, "InternalServerError", "", err.Error())

@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -50,10 +51,9 @@ func TestTokenizeBudget(t *testing.T) {
 	}
 	// A waiting request gets in as soon as room is released.
 	done := make(chan error, 1)
+	b.wait = time.Minute
 	go func() {
-		b2 := *b
-		b2.wait = time.Minute
-		r, err := b2.acquire(context.Background(), 50)
+		r, err := b.acquire(context.Background(), 50)
 		if err == nil {
 			r()
 		}
@@ -143,5 +143,108 @@ func TestLoadTokenizersSharesTheBudget(t *testing.T) {
 	lt, ok := set.def.(localTokenizer)
 	if !ok || lt.budget == nil || lt.budget.max != 12345 || lt.budget.wait != cfg.TokenizationTimeout.Duration() {
 		t.Fatalf("local tokenizer budget %+v", lt.budget)
+	}
+}
+
+// TestTokenizeBudgetSmallBodiesOvertakeWaiters (audit 8 finding 2): a body that fits in the free
+// room gets in at once while a larger one waits (a strict FIFO made a 300-byte chat wait behind a
+// waiting 32 MB body and time out with it); the waiter gets in when room is released; the 504
+// names the bytes in flight; the counters see the waits and timeouts.
+func TestTokenizeBudgetSmallBodiesOvertakeWaiters(t *testing.T) {
+	b := newTokenizeBudget(100, time.Minute)
+	b.stats = &budgetStats{}
+	held, err := b.acquire(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bigDone := make(chan error, 1)
+	go func() {
+		r, err := b.acquire(context.Background(), 80)
+		if err == nil {
+			r()
+		}
+		bigDone <- err
+	}()
+	for b.stats.waits.Load() == 0 {
+		runtime.Gosched() // until the large body waits
+	}
+	small, err := b.acquire(context.Background(), 30)
+	if err != nil {
+		t.Fatalf("30 bytes fit beside 60 of 100 while an 80-byte body waits: %v", err)
+	}
+	if got := b.stats.inFlight.Load(); got != 90 {
+		t.Fatalf("in flight %d, want 90", got)
+	}
+	small()
+	small() // releasing twice gives the bytes back once
+	if got := b.stats.inFlight.Load(); got != 60 {
+		t.Fatalf("in flight %d after the small body, want 60", got)
+	}
+	short := newTokenizeBudget(100, time.Millisecond)
+	short.stats = &budgetStats{}
+	r, err := short.acquire(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = short.acquire(context.Background(), 50)
+	if !errors.Is(err, extproc.ErrTokenizerTimeout) || !strings.Contains(err.Error(), "60 bytes of request bodies were being tokenized and 50 more did not fit") {
+		t.Fatalf("timeout: %v, want one naming the 60 bytes in flight", err)
+	}
+	if short.stats.timeouts.Load() != 1 || short.stats.waits.Load() != 1 {
+		t.Fatalf("timeouts %d waits %d, want 1 and 1", short.stats.timeouts.Load(), short.stats.waits.Load())
+	}
+	r()
+	held()
+	if err := <-bigDone; err != nil {
+		t.Fatalf("the waiting body after release: %v", err)
+	}
+	if got := b.stats.inFlight.Load(); got != 0 {
+		t.Fatalf("in flight %d after every release, want 0", got)
+	}
+}
+
+// TestLocalTokenizerStopsWhenTheRequestEnds (audit 8 finding 3): a request whose context ends
+// while it is tokenized gets its context's error (the ext_proc stream counts it as cancelled,
+// not success) and gives its budget share back.
+func TestLocalTokenizerStopsWhenTheRequestEnds(t *testing.T) {
+	lt := qwenLocal(t)
+	lt.budget = newTokenizeBudget(8<<20, time.Minute)
+	lt.budget.stats = &budgetStats{}
+	body := []byte(`{"model":"m","prompt":"` + strings.Repeat("the quick brown fox jumps over the lazy dog ", 1<<15) + `"}`)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := lt.TokenizePrompt(ctx, extproc.TokenizeCall{Kind: extproc.PromptCompletion, Body: body})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("TokenizePrompt after the request ended: %v, want context.Canceled", err)
+	}
+	if got := lt.budget.stats.inFlight.Load(); got != 0 {
+		t.Fatalf("%d bytes still in flight", got)
+	}
+}
+
+// TestDetokenizeCountsAgainstTheBudget (audit 8 finding 7): /detokenize builds its answer in
+// memory (up to ~18× the body: Qwen3's longest token is 128 characters), so it waits for
+// DYN_EPP_TOKENIZE_MAX_INFLIGHT_BYTES weighted by the body and the ids' spellings; a full budget
+// answers 503 as /tokenize does.
+func TestDetokenizeCountsAgainstTheBudget(t *testing.T) {
+	budget := newTokenizeBudget(1<<20, 10*time.Millisecond)
+	budget.stats = &budgetStats{}
+	srv := tokenizeServer(t, func(_ *Config, set *tokenizerSet) {
+		lt := set.def.(localTokenizer)
+		lt.budget = budget
+		set.def = lt
+	})
+	body := `{"tokens":[9707,1879]}`
+	if code, out := post(t, srv.URL+"/detokenize", body); code != 200 {
+		t.Fatalf("%d %s", code, out)
+	}
+	hold, err := budget.acquire(context.Background(), 1<<20-4) // 4 bytes left: less than the request
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold()
+	code, out := post(t, srv.URL+"/detokenize", body)
+	if code != 503 || !strings.Contains(out, "the local tokenizer is busy") {
+		t.Fatalf("full budget: %d %s, want 503 naming the budget", code, out)
 	}
 }

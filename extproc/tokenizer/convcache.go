@@ -567,7 +567,7 @@ func (r *convRequest) extend(e *convEntry, k int) ([]uint32, bool, error) {
 		ids = append(ids, r.t.post.suffix...)
 	}
 	r.longest = e
-	if j := r.lastBoundary(conv.arr, k); j > k && cacheable(ids, before) {
+	if j := r.lastBoundary(conv.arr, k); j > k && cacheable(ids, before) && !r.t.stop.halted() {
 		// As from scratch, the boundary before the last one too: the next request may repeat
 		// this one's history with another last message.
 		parent := e
@@ -613,7 +613,7 @@ func (r *convRequest) fromScratch() ([]uint32, bool, error) {
 	if r.addSpecial {
 		ids = append(ids, r.t.post.suffix...)
 	}
-	if valid && cacheable(ids, before) {
+	if valid && cacheable(ids, before) && !r.t.stop.halted() {
 		if j := r.lastBoundary(conv.arr, 0); j >= 0 {
 			var parent *convEntry
 			if j2 := r.lastBoundary(conv.arr[:j], 0); j2 >= 0 {

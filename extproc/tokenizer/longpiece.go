@@ -49,7 +49,7 @@ func appendCutRest(dst []uint32, base, done, rest int) []uint32 {
 	inexactPieces.Add(1)
 	est := max(1, int((int64(len(dst)-base)*int64(rest)+int64(done)-1)/int64(max(done, 1))))
 	for range min(est, promptTokenLimit+1-len(dst)) {
-		dst = append(dst, inexactID)
+		dst = append(dst, inexactCutID)
 	}
 	return dst
 }
@@ -61,6 +61,13 @@ var promptTokenLimit = MaxPromptTokens
 // no vocabulary has 2^32 ids, so the first one marks where the exact prefix ends. Prompts leave
 // the package with these ids replaced by 0 (boundPrompt).
 const inexactID = ^uint32(0)
+
+// inexactCutID is inexactID for the estimate of the text after MaxAddedTokenSegments segments
+// (appendCutRest), so that the refusal can name its own cause.
+const inexactCutID = inexactID - 1
+
+// isInexact reports whether id is one of the estimate markers (inexactID, inexactCutID).
+func isInexact(id uint32) bool { return id >= inexactCutID }
 
 // inexactPieces counts the pieces estimated rather than encoded, process-wide (InexactPieces).
 var inexactPieces atomic.Uint64
@@ -82,21 +89,26 @@ type longPieceState struct {
 // tokens; a byte-level spelling covers one byte per character), at least 1. ceil(n / it) is a
 // lower bound on the ids of n bytes.
 func (t *Tokenizer) maxTokenBytes() int {
-	t.long.once.Do(func() {
-		m := 1
-		for _, tok := range t.idToToken {
-			n := len(tok)
-			if t.pre.byteLevel {
-				n = utf8.RuneCountInString(tok)
-			}
-			m = max(m, n)
-		}
-		for _, a := range t.addedByID {
-			m = max(m, len(a.content))
-		}
-		t.long.maxBytes = m
-	})
+	if t.long == nil { // a Tokenizer not built by Load (tests)
+		return t.computeMaxTokenBytes()
+	}
+	t.long.once.Do(func() { t.long.maxBytes = t.computeMaxTokenBytes() })
 	return t.long.maxBytes
+}
+
+func (t *Tokenizer) computeMaxTokenBytes() int {
+	m := 1
+	for _, tok := range t.idToToken {
+		n := len(tok)
+		if t.pre.byteLevel {
+			n = utf8.RuneCountInString(tok)
+		}
+		m = max(m, n)
+	}
+	for _, a := range t.addedByID {
+		m = max(m, len(a.content))
+	}
+	return m
 }
 
 // appendLongPiece appends the estimated ids of a piece longer than MaxExactPieceBytes as
@@ -138,12 +150,12 @@ func boundPrompt(ids []uint32, before uint64) (exact int, err error) {
 	if inexactPieces.Load() == before {
 		return len(ids), nil
 	}
-	exact = slices.Index(ids, inexactID)
+	exact = slices.IndexFunc(ids, isInexact)
 	if exact < 0 {
 		return len(ids), nil // another request's long piece
 	}
 	for i := exact; i < len(ids); i++ {
-		if ids[i] == inexactID {
+		if isInexact(ids[i]) {
 			ids[i] = 0
 		}
 	}
@@ -153,12 +165,17 @@ func boundPrompt(ids []uint32, before uint64) (exact int, err error) {
 // cacheable reports whether ids encoded since InexactPieces returned before may be kept in the
 // conversation cache: within MaxPromptTokens and without an estimated piece.
 func cacheable(ids []uint32, before uint64) bool {
-	return len(ids) <= promptTokenLimit && (inexactPieces.Load() == before || !slices.Contains(ids, inexactID))
+	return len(ids) <= promptTokenLimit && (inexactPieces.Load() == before || !slices.ContainsFunc(ids, isInexact))
 }
 
 // exactPrompt is boundPrompt for the APIs that return exact ids only (/tokenize, TokenizeChat):
 // a prompt with an estimated piece is a *RequestError.
 func exactPrompt(ids []uint32, before uint64) ([]uint32, error) {
+	if len(ids) <= promptTokenLimit && inexactPieces.Load() != before {
+		if i := slices.IndexFunc(ids, isInexact); i >= 0 && ids[i] == inexactCutID {
+			return nil, badRequest("the text has more than %d added (special) tokens and runs of text between them; kvepp tokenizes the text after them only approximately, for routing", segmentLimit)
+		}
+	}
 	exact, err := boundPrompt(ids, before)
 	if err != nil {
 		return nil, err

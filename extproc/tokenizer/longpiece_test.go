@@ -112,8 +112,9 @@ func TestLongPieceSentencePiece(t *testing.T) {
 	}
 	before := InexactPieces()
 	// Letters without "h", "i" and "w": the layout's normalized added tokens "hi" and "word"
-	// would cut the word.
-	word := func(n int) string { return strings.Repeat("abcdefgjklmnopqrstuvxyz", n/23+1)[:n] }
+	// would cut the word; and only letters some merge uses, since the others are cut around
+	// exactly (markIsolated).
+	word := func(n int) string { return strings.Repeat("abcdelmnoqrstuvx", n/16+1)[:n] }
 	short := tk.encode("hello "+word(MaxExactPieceBytes-16), false)
 	if _, err := boundPrompt(short, before); err != nil || InexactPieces() != before {
 		t.Fatalf("a word within MaxExactPieceBytes was estimated (err %v)", err)
@@ -223,6 +224,11 @@ func TestAddedTokenSegmentsAreBounded(t *testing.T) {
 	}
 	if got := tk.getSegs(); cap(*got) > 4*segmentLimit {
 		t.Errorf("segment scratch of %d for a limit of %d", cap(*got), segmentLimit)
+	}
+	// /tokenize refuses it with its own reason (audit 8: it used to blame a long word).
+	_, err = tk.TokenizeCompletion(completionBody(t, text))
+	if err == nil || !strings.Contains(err.Error(), "more than 100 added (special) tokens") || strings.Contains(err.Error(), "bytes") {
+		t.Errorf("TokenizeCompletion: %v, want the added-token segment limit named", err)
 	}
 }
 

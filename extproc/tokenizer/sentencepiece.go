@@ -205,6 +205,10 @@ type charSymbols struct {
 	// crossable[r] marks characters r after which a merge can join a token starting with
 	// splitRune: cutting between them could change the result.
 	crossable map[rune]bool
+	// isolated[c] marks ASCII characters whose symbols take part in no merge: pieces are cut on
+	// both sides of them (see markIsolated). anyIsolated reports whether one is marked.
+	isolated    [utf8.RuneSelf]bool
+	anyIsolated bool
 }
 
 // initCharSymbols builds the look-ups from the vocabulary and merges.
@@ -241,18 +245,72 @@ func (m *bpeModel) initCharSymbols(byteFallback bool, pairs [][2]string) {
 			}
 		}
 	}
+	cs.markIsolated(m, pairs)
 	m.chars = cs
 }
 
+// markIsolated sets cs.isolated: the ASCII characters c whose symbols — c's own vocabulary
+// symbol, else its "<0xNN>" byte-fallback token — appear in no merge pair. Llama 2's "\n" is one
+// (no vocabulary symbol, and its <0x0A> is never merged), so pretty-printed JSON, CSV and
+// one-item-per-line lists, whose spaces all follow a newline, are cut at every newline instead
+// of being one piece (audit 8 finding 1).
+//
+// Why a cut on either side of such a character c is exact: encodeChars maps each character to
+// its symbols independently of its neighbours, except for unknown characters (a pending unk is
+// flushed before the next vocabulary symbol but after byte-fallback tokens, and fuse_unk joins
+// neighbouring unks). A vocabulary symbol flushes the pending unk in the whole word as at a
+// piece's end, and it separates the unks on both sides in either case; a byte-fallback c is
+// marked only when all 256 byte tokens exist, so no unk can occur at all. Then BPE repeatedly
+// merges the adjacent pair of lowest rank; a pair with one of c's symbols has no rank, so no
+// merge ever joins a symbol left of c with one right of c or with c, and each merge's rank
+// competes only with the pairs on its own side: the merges on each side happen in the same
+// order as when that side is encoded alone, and the ids are the concatenation of the sides'.
+// ignore_merges looks the whole word up in the vocabulary first, which a cut would skip, so
+// nothing is marked then.
+func (cs *charSymbols) markIsolated(m *bpeModel, pairs [][2]string) {
+	if m.ignoreMerges {
+		return
+	}
+	inMerge := make(map[string]bool, 2*len(pairs))
+	for _, p := range pairs {
+		inMerge[p[0]], inMerge[p[1]] = true, true
+	}
+	fullFallback := true
+	for b := 0; b < 256; b++ {
+		fullFallback = fullFallback && cs.byteFallback[b] >= 0
+	}
+	for c := 0; c < utf8.RuneSelf; c++ {
+		switch {
+		case cs.ascii[c] >= 0:
+			cs.isolated[c] = !inMerge[string(rune(c))]
+		case fullFallback:
+			cs.isolated[c] = !inMerge[fmt.Sprintf("<0x%02X>", c)]
+		}
+		cs.anyIsolated = cs.anyIsolated || cs.isolated[c]
+	}
+}
+
 // safeCut returns the end of the piece starting at i: the next position before a "▁" that
-// follows a vocabulary character no merge crosses, or len(s).
+// follows a vocabulary character no merge crosses, before an isolated character (markIsolated),
+// just after one that starts the piece, or len(s).
 func (cs *charSymbols) safeCut(m *bpeModel, s string, i int) int {
-	if cs.splitRune == 0 {
+	if cs.splitRune == 0 && !cs.anyIsolated {
 		return len(s)
+	}
+	if c := s[i]; c < utf8.RuneSelf && cs.isolated[c] {
+		return i + 1
 	}
 	prev, n := utf8.DecodeRuneInString(s[i:])
 	j := i + n
 	for j < len(s) {
+		if c := s[j]; c < utf8.RuneSelf {
+			if cs.isolated[c] {
+				return j
+			}
+			prev = rune(c)
+			j++
+			continue
+		}
 		r, n := utf8.DecodeRuneInString(s[j:])
 		if r == cs.splitRune && !cs.crossable[prev] && m.hasChar(s[j-utf8.RuneLen(prev):j], prev) {
 			return j

@@ -1,9 +1,13 @@
 package tokenizer
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 
@@ -144,4 +148,76 @@ func TestEncodeMatchesReferenceModels(t *testing.T) {
 			t.Fatalf("Encode(\"a\", true) = %v, want [0 67]", got)
 		}
 	})
+}
+
+// TestIsolatedCharacterCutsAreExact: cutting a SentencePiece word around characters no merge
+// uses (markIsolated) gives the ids of BPE over the whole word, in layouts with byte fallback,
+// with unknown characters and with fuse_unk, for random words of merged, unmerged, unknown and
+// "▁" characters.
+func TestIsolatedCharacterCutsAreExact(t *testing.T) {
+	alphabet := []string{"a", "t", "h", "e", "o", "r", "f", "g", "z", "0", "\n", "\t", ",", "{", "▁", "▁", "é", "€", "😀"}
+	for _, layout := range []string{"llama-legacy.json", "no-byte-fallback-unk.json", "fused-unk-ignore-merges.json", "metaspace-first.json"} {
+		t.Run(layout, func(t *testing.T) {
+			data, err := os.ReadFile(filepath.Join("testdata", "sp-layouts", layout))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tk, err := parseTokenizerJSON(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := tk.model.chars
+			if cs == nil {
+				t.Skip("not a SentencePiece-style model")
+			}
+			rng := rand.New(rand.NewPCG(8, uint64(len(layout))))
+			for range 3000 {
+				var b strings.Builder
+				for range 1 + rng.IntN(24) {
+					b.WriteString(alphabet[rng.IntN(len(alphabet))])
+				}
+				w := b.String()
+				if got, want := tk.appendCharWord(cs, w, nil), tk.model.encodeChars(w, nil); !slices.Equal(got, want) {
+					t.Fatalf("%q: cut into pieces %v, whole word %v", w, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestNewlineSeparatedTextIsExactOnLlama2 (audit 8 finding 1): in Llama 2, "\n" has no
+// vocabulary symbol and its byte token <0x0A> is never merged, so pretty-printed JSON, CSV and
+// one-item-per-line lists — every space after a newline — used to be one piece over
+// MaxExactPieceBytes from about 6.6 KB and were estimated. They are cut at the newlines now and
+// encode exactly: the ids of BPE over the whole text (checked against tokenizers 0.23.2 for these
+// shapes when the fix was made), and the pieces repeat (cache hits).
+func TestNewlineSeparatedTextIsExactOnLlama2(t *testing.T) {
+	tk := realModel(t, "llama2")
+	if cs := tk.model.chars; !cs.isolated['\n'] || cs.isolated['a'] {
+		t.Fatalf("isolated: \\n %v, a %v; want true, false", cs.isolated['\n'], cs.isolated['a'])
+	}
+	if realModel(t, "gemma3").model.chars.isolated['\n'] {
+		t.Fatal(`Gemma 3 merges "\n": it must not be isolated`)
+	}
+	var pretty, csv, list strings.Builder
+	pretty.WriteString("{\n  \"embedding\": [")
+	for i := range 3000 {
+		fmt.Fprintf(&pretty, "\n    %d,", i)
+		fmt.Fprintf(&csv, "%d,%d,item%d\n", i, i*7, i)
+		fmt.Fprintf(&list, "\n x%d", i)
+	}
+	pretty.WriteString("\n  ]\n}")
+	for name, text := range map[string]string{"pretty JSON": pretty.String(), "CSV": csv.String(), "list": list.String()} {
+		t.Run(name, func(t *testing.T) {
+			before := InexactPieces()
+			ids := tk.encode(text, false)
+			if InexactPieces() != before {
+				t.Fatal("estimated: a piece over MaxExactPieceBytes")
+			}
+			word := tk.norm.normalize(text)
+			if want := tk.model.encodeChars(word, nil); !slices.Equal(ids, want) {
+				t.Fatalf("%d ids, whole-text BPE gives %d", len(ids), len(want))
+			}
+		})
+	}
 }

@@ -34,14 +34,16 @@ type Tokenizer struct {
 	modelMaxLength int  // tokenizer_config.json model_max_length, 0 = unknown
 	maxPositions   int  // config.json max_position_embeddings, 0 = unknown
 
-	segPool sync.Pool // *[]segment scratch
+	segPool *sync.Pool // *[]segment scratch (a pointer: WithContext views share it); nil: none
 
 	// cacheID tells this tokenizer's entries apart in a shared ConversationCache; prefixSafe
 	// reports raw added tokens without lstrip/rstrip/single_word, which the cache needs.
 	cacheID    uint64
 	prefixSafe bool
 
-	long longPieceState // pieces over MaxExactPieceBytes (longpiece.go)
+	long *longPieceState // pieces over MaxExactPieceBytes (longpiece.go); nil: not cached
+
+	stop *encodeStop // nil except in a WithContext view (cancel.go)
 }
 
 type addedTokenJSON struct {
@@ -173,7 +175,7 @@ func parseTokenizerJSON(data []byte) (*Tokenizer, error) {
 	if decErr != nil && !errors.Is(decErr, ErrUnsupported) {
 		return nil, decErr
 	}
-	t := &Tokenizer{norm: norm, pre: pre, dec: dec, decErr: decErr, cache: newPieceCache()}
+	t := &Tokenizer{norm: norm, pre: pre, dec: dec, decErr: decErr, cache: newPieceCache(), segPool: &sync.Pool{}, long: &longPieceState{}}
 	if err := t.post.parse(tj.PostProcessor); err != nil {
 		return nil, err
 	}
@@ -313,7 +315,7 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
 	ids := t.encode(text, addSpecialTokens)
 	if InexactPieces() != before {
 		for i, id := range ids {
-			if id == inexactID {
+			if isInexact(id) {
 				ids[i] = 0
 			}
 		}
@@ -356,6 +358,9 @@ func sanitizeUTF8(s string) string {
 }
 
 func (t *Tokenizer) getSegs() *[]segment {
+	if t.segPool == nil { // a Tokenizer not built by Load (tests)
+		return new([]segment)
+	}
 	if p, ok := t.segPool.Get().(*[]segment); ok {
 		*p = (*p)[:0]
 		return p
@@ -386,7 +391,7 @@ func (t *Tokenizer) appendEncodedAt(text string, atStart, afterToken bool, dst [
 	*segs = t.addedRaw.split(text, *segs)
 	base := len(dst)
 	for _, sg := range *segs {
-		if len(dst) > promptTokenLimit {
+		if len(dst) > promptTokenLimit || t.stop.check(sg.end-sg.start) {
 			break
 		}
 		if marks != nil {
@@ -425,7 +430,7 @@ func (t *Tokenizer) appendEncodedAt(text string, atStart, afterToken bool, dst [
 	if marks != nil {
 		*marks = append(*marks, segMark{len(text), len(dst), afterToken})
 	}
-	if cap(*segs) <= maxPooledSegments {
+	if cap(*segs) <= maxPooledSegments && t.segPool != nil {
 		t.segPool.Put(segs) // not a huge one: the pool would keep it (audit 7 R3)
 	}
 	return dst
@@ -445,10 +450,10 @@ func (t *Tokenizer) appendWords(s string, first bool, dst []uint32) []uint32 {
 				j = scan(s, i)
 			}
 			dst = t.appendPiece(s[i:j], dst)
-			i = j
-			if len(dst) > promptTokenLimit {
+			if len(dst) > promptTokenLimit || t.stop.check(j-i) {
 				break
 			}
+			i = j
 		}
 		return dst
 	}
@@ -457,14 +462,14 @@ func (t *Tokenizer) appendWords(s string, first bool, dst []uint32) []uint32 {
 			return t.appendCharWord(cs, s, dst)
 		}
 		for _, p := range t.pre.run(s, first) {
-			if dst = t.appendCharWord(cs, p, dst); len(dst) > promptTokenLimit {
+			if dst = t.appendCharWord(cs, p, dst); len(dst) > promptTokenLimit || t.stop.check(len(p)) {
 				break
 			}
 		}
 		return dst
 	}
 	for _, p := range t.pre.run(s, first) {
-		if dst = t.appendPiece(p, dst); len(dst) > promptTokenLimit {
+		if dst = t.appendPiece(p, dst); len(dst) > promptTokenLimit || t.stop.check(len(p)) {
 			break
 		}
 	}
@@ -478,6 +483,9 @@ func (t *Tokenizer) appendCharWord(cs *charSymbols, w string, dst []uint32) []ui
 		j := cs.safeCut(t.model, w, i)
 		p := w[i:j]
 		i = j
+		if t.stop.check(len(p)) {
+			break
+		}
 		if len(p) > MaxExactPieceBytes {
 			if dst = t.appendLongPiece(p, dst, t.model.encodeChars); len(dst) > promptTokenLimit {
 				break
