@@ -150,7 +150,8 @@ const claimedSlot = -1
 type slot struct {
 	b       Booking
 	rank    *rankState
-	outputs []uint64 // output block hashes held (only when tracking blocks)
+	outputs []uint64 // output block hashes held (OutputBlock; only when tracking blocks)
+	private uint64   // counted output blocks (GrowOutputBlocks; only when tracking blocks)
 	excl    uint64   // held hashes for which this booking is the sole holder
 	q       uint64   // (1 − decay_fraction) in units of 2^-32
 	prev    int32    // neighbours in rank's booking list, -1 terminates
@@ -194,7 +195,8 @@ type rankState struct {
 	pending  uint64 // live bookings with prefill tokens, not prefill-complete
 	rate     prefillRate
 	blocks   blockTable
-	deficit  uint64 // Σ over bookings of excl × q: how far the weighted sum is below the distinct count
+	deficit  uint64 // Σ over bookings of (excl + private) × q: how far the weighted sum is below the distinct count
+	private  uint64 // Σ over bookings of private: counted output blocks, each distinct and exclusive
 	head     int32  // first booking in this rank's list, -1 when none
 }
 
@@ -212,7 +214,7 @@ func (r *rankState) load() Load {
 // activeBlocks is round(distinct − Σ (1−decay)·exclusive), half away from zero, in exact
 // fixed-point arithmetic (no drift however many updates happened).
 func (r *rankState) activeBlocks() uint64 {
-	w := uint64(r.blocks.n)*weightOne - r.deficit
+	w := (uint64(r.blocks.n)+r.private)*weightOne - r.deficit
 	return (w + weightOne/2) >> 32
 }
 
@@ -310,6 +312,7 @@ func (l *Ledger) bookLocked(b Booking, claimed bool) {
 	s.b = b
 	s.rank = r
 	s.excl = 0
+	s.private = 0
 	s.q = 0
 	s.live = true
 	s.outputs = s.outputs[:0]
@@ -397,9 +400,9 @@ func (l *Ledger) OutputBlock(id string, decay *float64, hash uint64) error {
 		l.hold(r, s, idx, hash)
 	}
 	if decay != nil {
-		r.deficit -= s.excl * s.q
+		r.deficit -= (s.excl + s.private) * s.q
 		s.q = q
-		r.deficit += s.excl * s.q
+		r.deficit += (s.excl + s.private) * s.q
 		s.b.DecayFraction = *decay
 	}
 	return nil
@@ -589,6 +592,8 @@ func (l *Ledger) release(idx int32) Booking {
 		for _, h := range s.outputs {
 			l.unhold(r, s, idx, h)
 		}
+		r.private -= s.private
+		r.deficit -= s.private * s.q
 	}
 	// After every unhold s.excl is 0, so its share of the deficit is gone too.
 	r.requests--
