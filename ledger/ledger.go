@@ -105,6 +105,13 @@ type Config struct {
 	// in the service). When false, bookings hold no blocks and every ActiveBlocks is 0. Note that the
 	// zero Config disables block tracking.
 	TrackActiveBlocks bool
+	// MaxPrefillTokensPerSecond, when > 0, is the fastest prefill (tokens/s) an observed completion
+	// may imply and still train the prefill rates (Load.PrefillTokensPerSecond,
+	// PartitionPrefillRate): a faster one — a 24k-token prompt "prefilled" in a millisecond — is
+	// not a prefill but an answer that skipped it (an in-stream error, a cached or short-circuit
+	// reply, a proxy sending headers and an empty chunk early) and is ignored. 0 accepts every
+	// sample. The picker sets picker.PrefillRateCeilingFactor × its assumed prefill rate.
+	MaxPrefillTokensPerSecond float64
 }
 
 // Errors returned by the ledger; test with errors.Is. Returned errors wrap them and name the
@@ -223,6 +230,7 @@ func (r *rankState) activeBlocks() uint64 {
 type Ledger struct {
 	mu          sync.RWMutex
 	track       bool
+	maxRate     float64 // Config.MaxPrefillTokensPerSecond
 	ids         map[string]int32 // selection_id → slot index, or claimedSlot
 	slots       []*slot
 	freeSlots   []int32
@@ -239,6 +247,7 @@ type Ledger struct {
 func New(cfg Config) *Ledger {
 	return &Ledger{
 		track:     cfg.TrackActiveBlocks,
+		maxRate:   cfg.MaxPrefillTokensPerSecond,
 		ids:       make(map[string]int32),
 		ranks:     make(map[Candidate]*rankState),
 		workers:   make(map[uint64][]*rankState),
