@@ -230,7 +230,7 @@ func (r *rankState) activeBlocks() uint64 {
 type Ledger struct {
 	mu          sync.RWMutex
 	track       bool
-	maxRate     float64 // Config.MaxPrefillTokensPerSecond
+	maxRate     float64          // Config.MaxPrefillTokensPerSecond
 	ids         map[string]int32 // selection_id → slot index, or claimedSlot
 	slots       []*slot
 	freeSlots   []int32
