@@ -93,3 +93,23 @@ func TestGrowOutputBlocksIsConstantCost(t *testing.T) {
 		t.Fatalf("rank keeps private %d, deficit %d after the last free", r.private, r.deficit)
 	}
 }
+
+// BenchmarkGrowOutputBlocks1M books a 2-block prompt, grows it by 2^20 output blocks in one call
+// (one usage event claiming ≥ 2^24 tokens on a worker without total_kv_blocks) and frees it: the
+// time and memory one such event costs under the ledger lock.
+func BenchmarkGrowOutputBlocks1M(b *testing.B) {
+	l := newTracking()
+	b.ReportAllocs()
+	for range b.N {
+		if err := l.Book(Booking{ID: "a", Candidate: w1r0, SequenceHashes: []uint64{1, 2}, Admitted: t0}); err != nil {
+			b.Fatal(err)
+		}
+		bk, _ := l.Lookup("a")
+		if _, err := l.GrowOutputBlocks("a", bk.Attempt, 1<<20); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := l.Free("a"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
