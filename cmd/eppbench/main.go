@@ -199,7 +199,7 @@ func (o *Options) validate() error {
 	case o.timingFlagError() != nil:
 		return o.timingFlagError()
 	case o.Conversations > maxConversations:
-		return fmt.Errorf("--conversations %d must be ≤ %d: a replay holds the prompts of every queued request in memory, and the chat demo's 60 s start window queues most of them (2,000 conversations peaked at ~1.3 GB)", o.Conversations, maxConversations)
+		return fmt.Errorf("--conversations %d must be ≤ %d: a replay holds the prompts of every queued request in memory, and the chat demo's 60 s start window queues most of them (2,000 conversations peaked at ~2.3 GB in a virtual replay)", o.Conversations, maxConversations)
 	case o.BatchLimit < 0:
 		return fmt.Errorf("--batch-limit %d must be ≥ 0", o.BatchLimit)
 	case o.MaxBatchedTokens < 0:
