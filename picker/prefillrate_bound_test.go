@@ -17,19 +17,7 @@ func TestInstantAnswersDoNotTrainThePrefillRate(t *testing.T) {
 	clk := pickertest.NewClock(time0)
 	s := newService(t, func(c *picker.Config) { c.Now = clk.Now }, linearEstimate)
 	mustUpsert(t, s, worker(1))
-	for range 4 {
-		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(24000)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		clk.Advance(time.Millisecond)
-		if err := s.PrefillComplete(ctxb(), sel.SelectionID); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Free(ctxb(), sel.SelectionID); err != nil {
-			t.Fatal(err)
-		}
-	}
+	streamed(t, s, clk, 4, 24000, time.Millisecond)
 	sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(2000), func(r *picker.SelectRequest) { r.PrefillUnobserved = true }))
 	if err != nil {
 		t.Fatal(err)
@@ -38,21 +26,28 @@ func TestInstantAnswersDoNotTrainThePrefillRate(t *testing.T) {
 	if err := s.Free(ctxb(), sel.SelectionID); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 { // 1,000 tokens in 50 ms: 20,000 tokens/s, plausible, counted
-		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(1000)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		clk.Advance(50 * time.Millisecond)
-		if err := s.PrefillComplete(ctxb(), sel.SelectionID); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Free(ctxb(), sel.SelectionID); err != nil {
-			t.Fatal(err)
-		}
-	}
+	streamed(t, s, clk, 3, 1000, 50*time.Millisecond) // 20,000 tokens/s: plausible, counted
 	if _, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(2000), func(r *picker.SelectRequest) { r.PrefillUnobserved = true })); err != nil {
 		t.Fatal(err)
 	}
 	releasedAt(t, s, clk, 100*time.Millisecond) // 2,000 tokens at the measured 20,000 tokens/s
+}
+
+// streamed books n observed requests of isl tokens one after another, completing each one's
+// prefill d after its admission on clk and freeing it.
+func streamed(t *testing.T, s *picker.Service, clk *pickertest.Clock, n, isl int, d time.Duration) {
+	t.Helper()
+	for range n {
+		sel, err := s.SelectAndReserve(ctxb(), tokenReq(prompt(isl)))
+		if err == nil {
+			clk.Advance(d)
+			err = s.PrefillComplete(ctxb(), sel.SelectionID)
+		}
+		if err == nil {
+			err = s.Free(ctxb(), sel.SelectionID)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }
