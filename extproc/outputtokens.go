@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"context"
+	"math"
 
 	"github.com/kvepp/kvepp/internal/jsonscan"
 	"github.com/kvepp/kvepp/picker"
@@ -31,26 +32,30 @@ const outputCharsPerToken = 4
 // outputCounter counts the output tokens of one streamed response from its SSE events (fed by
 // UsageParser as each event completes). Exact when the stream reports usage with each chunk
 // (vLLM's stream_options.continuous_usage_stats, or any event carrying usage.completion_tokens /
-// usage.output_tokens): the latest reported count is used. Otherwise it is an estimate: every
+// usage.output_tokens, top level or under "response" as in the Responses API's response.completed):
+// the latest reported count is used, plus the estimate of the text of the events after it (so a
+// server that reports usage once early, even 0, and never again is still counted from its
+// events). Without usage it is an estimate: every
 // event that carries generated text — choices[].text, choices[].delta.content,
 // choices[].delta.reasoning_content / reasoning, choices[].delta.tool_calls, or a Responses API
 // "delta" — is at least one token (vLLM sends one event per token by default), and all the text
 // is at least ⌈bytes / outputCharsPerToken⌉ tokens (its JSON-escaped length, which slightly
 // overstates escaped text). Not safe for concurrent use.
 type outputCounter struct {
-	textEvents uint64 // events carrying generated text
-	textBytes  uint64 // JSON-escaped bytes of generated text
-	exact      uint64 // the latest usage completion/output tokens
-	exactSeen  bool
+	textEvents uint64 // events carrying generated text (since the latest usage)
+	textBytes  uint64 // JSON-escaped bytes of generated text (since the latest usage)
+	exact      uint64 // the latest usage completion/output tokens, 0 before any
 	reported   uint64 // the last total passed to OutputTokens
 
 	// Per-event scratch and the member callbacks over it, built once per response so that
 	// counting an event allocates nothing.
 	usage, choices      []byte
+	response            []byte
 	completion, output  []byte
 	text                int
 	carries             bool
 	top, usageM, choice func(key, v []byte)
+	responseM           func(key, v []byte)
 	delta               func(key, v []byte)
 	elem                func(elem []byte, start, end int) bool
 }
@@ -64,8 +69,15 @@ func newOutputCounter() *outputCounter {
 			c.usage = v
 		case fieldIs(key, "choices"):
 			c.choices = v
+		case fieldIs(key, "response"): // Responses API: response.completed carries response.usage
+			c.response = v
 		case fieldIs(key, "delta"): // Responses API: response.output_text.delta and friends
 			c.addText(v)
+		}
+	}
+	c.responseM = func(key, v []byte) {
+		if fieldIs(key, "usage") {
+			c.usage = v
 		}
 	}
 	c.usageM = func(key, v []byte) {
@@ -116,19 +128,12 @@ func (c *outputCounter) event(data []byte) {
 	if i >= len(data) || data[i] != '{' {
 		return
 	}
-	c.usage, c.choices, c.text, c.carries = nil, nil, 0, false
+	c.usage, c.choices, c.response, c.text, c.carries = nil, nil, nil, 0, false
 	if !objectMembers(data, c.top) {
 		return
 	}
-	if len(c.usage) > 0 && c.usage[0] == '{' {
-		c.completion, c.output = nil, nil
-		if objectMembers(c.usage, c.usageM) {
-			if n, ok := tokenCount(c.completion); ok {
-				c.exact, c.exactSeen = n, true
-			} else if n, ok := tokenCount(c.output); ok {
-				c.exact, c.exactSeen = n, true
-			}
-		}
+	if len(c.usage) == 0 && len(c.response) > 0 && c.response[0] == '{' && !objectMembers(c.response, c.responseM) {
+		c.usage = nil
 	}
 	if len(c.choices) > 0 && c.choices[0] == '[' {
 		jsonscan.Elements(c.choices, c.elem)
@@ -137,15 +142,30 @@ func (c *outputCounter) event(data []byte) {
 		c.textEvents++
 		c.textBytes += uint64(c.text)
 	}
-	c.usage, c.choices = nil, nil
+	if len(c.usage) > 0 && c.usage[0] == '{' {
+		c.completion, c.output = nil, nil
+		if objectMembers(c.usage, c.usageM) {
+			n, ok := tokenCount(c.completion)
+			if !ok {
+				n, ok = tokenCount(c.output)
+			}
+			if ok { // the count includes this event's text and all before it
+				c.exact = n
+				c.textEvents, c.textBytes = 0, 0
+			}
+		}
+	}
+	c.usage, c.choices, c.response = nil, nil, nil
 }
 
-// generated returns the output tokens counted so far (exact when usage was reported).
+// generated returns the output tokens counted so far: the latest reported usage (0 when none)
+// plus the estimate of the generated text of the events after it.
 func (c *outputCounter) generated() uint64 {
-	if c.exactSeen {
-		return c.exact
+	est := max(c.textEvents, (c.textBytes+outputCharsPerToken-1)/outputCharsPerToken)
+	if est > math.MaxUint64-c.exact {
+		return math.MaxUint64
 	}
-	return max(c.textEvents, (c.textBytes+outputCharsPerToken-1)/outputCharsPerToken)
+	return c.exact + est
 }
 
 // outputTracker returns the server's Picker as an OutputTracker when it tracks output blocks.

@@ -55,7 +55,10 @@ func first(a, b *uint64) (uint64, bool) {
 // use NewUsageParser.
 type UsageParser struct {
 	decided, streaming bool
-	pending            []byte // bytes seen before the streaming decision (leading whitespace, "dat")
+	pending            []byte // a proper prefix of "data:" seen before the streaming decision
+	skipped            int    // leading whitespace bytes dropped before the decision (capped)
+	bom                int    // bytes of a leading UTF-8 BOM consumed; len(utf8BOM) once past it
+	afterCR            bool   // the last line ended in '\r': a '\n' right after it ends nothing
 
 	carry     []byte // partial SSE line
 	carryOver bool   // the partial line exceeded the cap: drop it and its event
@@ -84,21 +87,31 @@ func NewUsageParser(contentType string, requestStream bool) *UsageParser {
 }
 
 // Write feeds the next response body chunk. It never fails and keeps no reference to chunk.
+// Before the streaming decision it keeps at most the 4 bytes of a possible "data:" prefix: leading
+// whitespace is counted, not kept (it still counts toward the non-streaming body's
+// MaxUsageBufferBytes), so no body, however long its whitespace, grows the parser beyond its cap.
+// A leading UTF-8 byte order mark is skipped, as an SSE stream's is (WHATWG HTML §9.2.6).
 func (p *UsageParser) Write(chunk []byte) {
+	chunk = p.skipBOM(chunk)
 	if len(chunk) == 0 {
 		return
 	}
 	if !p.decided {
-		p.pending = append(p.pending, chunk...)
-		rest := bytes.TrimLeft(p.pending, " \t\r\n")
-		switch {
-		case len(rest) == 0:
-			return
-		case len(rest) < 5 && bytes.HasPrefix([]byte("data:"), rest):
-			return // could still become "data:"
+		if len(p.pending) == 0 {
+			rest := bytes.TrimLeft(chunk, " \t\r\n")
+			p.skipped = min(p.skipped+len(chunk)-len(rest), MaxUsageBufferBytes+1)
+			chunk = rest
+			if len(chunk) == 0 {
+				return
+			}
 		}
-		p.decided, p.streaming = true, bytes.HasPrefix(rest, []byte("data:"))
-		chunk, p.pending = p.pending, nil
+		if !p.decide(chunk) {
+			return
+		}
+		chunk, p.pending = append(p.pending, chunk...), nil
+		if !p.streaming && p.skipped > MaxUsageBufferBytes {
+			p.bodyOver = true
+		}
 	}
 	if p.streaming {
 		p.feedSSE(chunk)
@@ -107,11 +120,47 @@ func (p *UsageParser) Write(chunk []byte) {
 	if p.bodyOver {
 		return
 	}
-	if len(p.body)+len(chunk) > MaxUsageBufferBytes {
+	if p.skipped+len(p.body)+len(chunk) > MaxUsageBufferBytes {
 		p.bodyOver, p.body = true, nil
 		return
 	}
 	p.body = append(p.body, chunk...)
+}
+
+// decide makes the streaming decision from the first non-whitespace bytes, p.pending followed by
+// next (which starts with a non-whitespace byte when p.pending is empty). While they are a proper
+// prefix of "data:" it keeps them in p.pending (at most 4 bytes) and reports false.
+func (p *UsageParser) decide(next []byte) bool {
+	var buf [5]byte
+	head := append(buf[:0], p.pending...)
+	head = append(head, next[:min(len(next), 5-len(head))]...)
+	if len(head) < 5 && bytes.HasPrefix([]byte("data:"), head) {
+		p.pending = append(p.pending[:0], head...)
+		return false
+	}
+	p.decided, p.streaming = true, bytes.HasPrefix(head, []byte("data:"))
+	return true
+}
+
+// utf8BOM is the UTF-8 encoding of U+FEFF.
+const utf8BOM = "\xef\xbb\xbf"
+
+// skipBOM drops a UTF-8 byte order mark at the start of the body, even when it is split across
+// chunks; bytes that only began like one are fed back as data.
+func (p *UsageParser) skipBOM(chunk []byte) []byte {
+	for p.bom < len(utf8BOM) && len(chunk) > 0 {
+		if chunk[0] != utf8BOM[p.bom] {
+			partial := p.bom
+			p.bom = len(utf8BOM)
+			if partial > 0 {
+				p.Write([]byte(utf8BOM[:partial]))
+			}
+			return chunk
+		}
+		p.bom++
+		chunk = chunk[1:]
+	}
+	return chunk
 }
 
 // Finish flushes a pending event (or parses the buffered non-streaming body) and returns the merged
@@ -134,10 +183,18 @@ func (p *UsageParser) Finish() Usage {
 	return p.usage
 }
 
-// feedSSE splits b into lines, joining with the carry of the previous chunk.
+// feedSSE splits b into lines, joining with the carry of the previous chunk. A line ends at
+// "\r\n", "\n" or a lone "\r" (the SSE grammar, WHATWG HTML §9.2.6), wherever chunks split them.
 func (p *UsageParser) feedSSE(b []byte) {
 	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
+		if p.afterCR {
+			p.afterCR = false
+			if b[0] == '\n' {
+				b = b[1:]
+				continue
+			}
+		}
+		i := lineEnd(b)
 		if i < 0 {
 			if p.carryOver || len(p.carry)+len(b) > MaxUsageBufferBytes {
 				p.carry, p.carryOver = p.carry[:0], true
@@ -147,6 +204,15 @@ func (p *UsageParser) feedSSE(b []byte) {
 			return
 		}
 		line := b[:i]
+		if b[i] == '\r' {
+			if i+1 < len(b) {
+				if b[i+1] == '\n' {
+					i++
+				}
+			} else {
+				p.afterCR = true
+			}
+		}
 		b = b[i+1:]
 		if p.carryOver {
 			p.carryOver, p.discard = false, true
@@ -166,11 +232,21 @@ func (p *UsageParser) feedSSE(b []byte) {
 	}
 }
 
-// line handles one SSE line (without its '\n').
-func (p *UsageParser) line(l []byte) {
-	if n := len(l); n > 0 && l[n-1] == '\r' {
-		l = l[:n-1]
+// lineEnd is the index of the first '\n' or '\r' in b, or -1.
+func lineEnd(b []byte) int {
+	i := bytes.IndexByte(b, '\n')
+	seg := b
+	if i >= 0 {
+		seg = b[:i]
 	}
+	if j := bytes.IndexByte(seg, '\r'); j >= 0 {
+		return j
+	}
+	return i
+}
+
+// line handles one SSE line (without its line ending).
+func (p *UsageParser) line(l []byte) {
 	if len(l) == 0 {
 		p.dispatch()
 		return

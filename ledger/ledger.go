@@ -105,6 +105,13 @@ type Config struct {
 	// in the service). When false, bookings hold no blocks and every ActiveBlocks is 0. Note that the
 	// zero Config disables block tracking.
 	TrackActiveBlocks bool
+	// MaxPrefillTokensPerSecond, when > 0, is the fastest prefill (tokens/s) an observed completion
+	// may imply and still train the prefill rates (Load.PrefillTokensPerSecond,
+	// PartitionPrefillRate): a faster one — a 24k-token prompt "prefilled" in a millisecond — is
+	// not a prefill but an answer that skipped it (an in-stream error, a cached or short-circuit
+	// reply, a proxy sending headers and an empty chunk early) and is ignored. 0 accepts every
+	// sample. The picker sets picker.PrefillRateCeilingFactor × its assumed prefill rate.
+	MaxPrefillTokensPerSecond float64
 }
 
 // Errors returned by the ledger; test with errors.Is. Returned errors wrap them and name the
@@ -150,7 +157,8 @@ const claimedSlot = -1
 type slot struct {
 	b       Booking
 	rank    *rankState
-	outputs []uint64 // output block hashes held (only when tracking blocks)
+	outputs []uint64 // output block hashes held (OutputBlock; only when tracking blocks)
+	private uint64   // counted output blocks (GrowOutputBlocks; only when tracking blocks)
 	excl    uint64   // held hashes for which this booking is the sole holder
 	q       uint64   // (1 − decay_fraction) in units of 2^-32
 	prev    int32    // neighbours in rank's booking list, -1 terminates
@@ -194,7 +202,8 @@ type rankState struct {
 	pending  uint64 // live bookings with prefill tokens, not prefill-complete
 	rate     prefillRate
 	blocks   blockTable
-	deficit  uint64 // Σ over bookings of excl × q: how far the weighted sum is below the distinct count
+	deficit  uint64 // Σ over bookings of (excl + private) × q: how far the weighted sum is below the distinct count
+	private  uint64 // Σ over bookings of private: counted output blocks, each distinct and exclusive
 	head     int32  // first booking in this rank's list, -1 when none
 }
 
@@ -212,7 +221,7 @@ func (r *rankState) load() Load {
 // activeBlocks is round(distinct − Σ (1−decay)·exclusive), half away from zero, in exact
 // fixed-point arithmetic (no drift however many updates happened).
 func (r *rankState) activeBlocks() uint64 {
-	w := uint64(r.blocks.n)*weightOne - r.deficit
+	w := (uint64(r.blocks.n)+r.private)*weightOne - r.deficit
 	return (w + weightOne/2) >> 32
 }
 
@@ -221,6 +230,7 @@ func (r *rankState) activeBlocks() uint64 {
 type Ledger struct {
 	mu          sync.RWMutex
 	track       bool
+	maxRate     float64          // Config.MaxPrefillTokensPerSecond
 	ids         map[string]int32 // selection_id → slot index, or claimedSlot
 	slots       []*slot
 	freeSlots   []int32
@@ -237,6 +247,7 @@ type Ledger struct {
 func New(cfg Config) *Ledger {
 	return &Ledger{
 		track:     cfg.TrackActiveBlocks,
+		maxRate:   cfg.MaxPrefillTokensPerSecond,
 		ids:       make(map[string]int32),
 		ranks:     make(map[Candidate]*rankState),
 		workers:   make(map[uint64][]*rankState),
@@ -310,6 +321,7 @@ func (l *Ledger) bookLocked(b Booking, claimed bool) {
 	s.b = b
 	s.rank = r
 	s.excl = 0
+	s.private = 0
 	s.q = 0
 	s.live = true
 	s.outputs = s.outputs[:0]
@@ -397,9 +409,9 @@ func (l *Ledger) OutputBlock(id string, decay *float64, hash uint64) error {
 		l.hold(r, s, idx, hash)
 	}
 	if decay != nil {
-		r.deficit -= s.excl * s.q
+		r.deficit -= (s.excl + s.private) * s.q
 		s.q = q
-		r.deficit += s.excl * s.q
+		r.deficit += (s.excl + s.private) * s.q
 		s.b.DecayFraction = *decay
 	}
 	return nil
@@ -589,6 +601,8 @@ func (l *Ledger) release(idx int32) Booking {
 		for _, h := range s.outputs {
 			l.unhold(r, s, idx, h)
 		}
+		r.private -= s.private
+		r.deficit -= s.private * s.q
 	}
 	// After every unhold s.excl is 0, so its share of the deficit is gone too.
 	r.requests--

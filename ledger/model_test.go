@@ -107,7 +107,7 @@ func checkInvariants(t testing.TB, l *Ledger) {
 				weight++
 			}
 		}
-		var deficit uint64
+		var deficit, private uint64
 		for i, s := range l.slots {
 			if !s.live || s.rank != r {
 				continue
@@ -115,10 +115,12 @@ func checkInvariants(t testing.TB, l *Ledger) {
 			if s.excl != excl[int32(i)] {
 				t.Fatalf("%v: slot %d (%s) exclusive %d, recount %d", c, i, s.b.ID, s.excl, excl[int32(i)])
 			}
-			deficit += s.excl * s.q
+			deficit += (s.excl + s.private) * s.q
+			private += s.private
+			weight += float64(s.private) * s.b.DecayFraction // counted output blocks: distinct, exclusive
 		}
-		if deficit != r.deficit {
-			t.Fatalf("%v: deficit %d, recount %d", c, r.deficit, deficit)
+		if deficit != r.deficit || private != r.private {
+			t.Fatalf("%v: deficit %d, recount %d; private %d, recount %d", c, r.deficit, deficit, r.private, private)
 		}
 		if frac := weight - math.Floor(weight); math.Abs(frac-0.5) > 1e-6 {
 			if got, want := r.activeBlocks(), uint64(math.Round(weight)); got != want {

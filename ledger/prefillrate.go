@@ -42,7 +42,8 @@ func (p *prefillRate) tokensPerSecond() float64 {
 // response chunk of a streamed response, or a client's prefill_complete call): unless the
 // booking is Unobserved or its prefill was already complete, it also trains the candidate's
 // prefill rate (Load.PrefillTokensPerSecond) with the work the booking waited for,
-// AheadPrefillTokens + PrefillTokens, over the time since it was admitted. Errors: ErrNotFound
+// AheadPrefillTokens + PrefillTokens, over the time since it was admitted — unless that implies a
+// rate above Config.MaxPrefillTokensPerSecond. Errors: ErrNotFound
 // for an id that is not a live booking.
 func (l *Ledger) PrefillCompleteAt(id string, now time.Time) error {
 	l.mu.Lock()
@@ -53,6 +54,9 @@ func (l *Ledger) PrefillCompleteAt(id string, now time.Time) error {
 	}
 	if l.completePrefill(s) && !s.b.Unobserved && s.b.PrefillTokens > 0 {
 		work, d := satAddU64(s.b.AheadPrefillTokens, s.b.PrefillTokens), now.Sub(s.b.Admitted)
+		if l.maxRate > 0 && float64(work) > l.maxRate*d.Seconds() {
+			return nil // implausibly fast: not a prefill (Config.MaxPrefillTokensPerSecond)
+		}
 		s.rank.rate.observe(work, d)
 		pr := l.partRates[s.b.Partition]
 		if pr == nil {

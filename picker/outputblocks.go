@@ -2,8 +2,6 @@ package picker
 
 import (
 	"context"
-	"math/rand/v2"
-
 	"github.com/kvepp/kvepp/internal/excerpt"
 )
 
@@ -15,14 +13,18 @@ func (s *Service) TracksOutputBlocks() bool { return s.cfg.Router.TrackOutputBlo
 // OutputTokens reports that the live booking selectionID has generated generated output tokens so
 // far (a running total, not an increment) and, when TracksOutputBlocks, grows the booking to one
 // output block per full block_size tokens (selection-service.md §10.3 "output_block": each holds
-// a fresh random hash, so it adds one active block on the booked rank until the booking is freed).
+// a fresh random hash no other booking holds, so it adds one active block on the booked rank until
+// the booking is freed; the ledger keeps these as a count, so growth costs O(1) whatever its size).
 // That is the KV memory the engine allocates for the running request's output, which the
 // request's prompt blocks do not include; policies read it through active blocks (decode load,
 // KV pressure). Output only grows: a smaller total than before changes nothing.
 //
 // Bounded: a booking never holds more output blocks than outputBlockLimit allows (the booked
 // worker's total_kv_blocks less the prompt's blocks, and at most MaxISLTokens / block_size), so a
-// hostile or wrong token count cannot inflate the load beyond what the engine could hold.
+// hostile or wrong token count cannot inflate the load beyond what the engine could hold; and one
+// report adds at most MaxOutputBlocksPerReport blocks, so a single misreported count (an event
+// claiming 2^64 tokens) moves the load by a bounded step and a true total beyond it is reached
+// over the following reports.
 // It returns the number of blocks added. Errors: KindNotFound "reservation {id} not found" (unknown,
 // claimed but not booked, or freed). With tracking off it returns 0, nil without a lookup.
 func (s *Service) OutputTokens(ctx context.Context, selectionID string, generated uint64) (int, error) {
@@ -42,7 +44,8 @@ func (s *Service) OutputTokens(ctx context.Context, selectionID string, generate
 	if target <= uint64(b.OutputBlocks) {
 		return 0, nil
 	}
-	added, err := s.ledger.GrowOutputBlocks(selectionID, b.Attempt, uint32(target), rand.Uint64)
+	target = min(target, uint64(b.OutputBlocks)+MaxOutputBlocksPerReport)
+	added, err := s.ledger.GrowOutputBlocks(selectionID, b.Attempt, uint32(target))
 	if err != nil {
 		return 0, ledgerError(err)
 	}
@@ -74,3 +77,10 @@ func (s *Service) outputBlockLimit(name string, workerID, promptBlocks uint64) (
 	}
 	return bs, limit
 }
+
+// MaxOutputBlocksPerReport is the most output blocks one OutputTokens call adds to a booking:
+// 1,024 blocks (16,384 tokens at block size 16), far more than one response chunk of a real stream
+// carries (vLLM sends an event per token, or per --stream-interval tokens), so exact counts are
+// never held back in practice, while one misreported total cannot turn a booking into a whole KV
+// pool (up to MaxISLTokens / block_size blocks without total_kv_blocks) in one step.
+const MaxOutputBlocksPerReport = 1024

@@ -96,3 +96,33 @@ func TestOutputTokensDoNothingWithTrackingOff(t *testing.T) {
 		t.Fatalf("active blocks %d, want the prompt's 2", got)
 	}
 }
+
+// TestOutputTokensGrowAtMostMaxOutputBlocksPerReport checks the per-report bound on a worker
+// without total_kv_blocks: a total of 2^64−1 tokens adds MaxOutputBlocksPerReport blocks, the next
+// report as many again, and an exact total within the bound is applied whole.
+func TestOutputTokensGrowAtMostMaxOutputBlocksPerReport(t *testing.T) {
+	s := newService(t, withOutputTracking(true))
+	mustUpsert(t, s, worker(1))
+	sel, err := s.SelectAndReserve(ctxb(), tokenReq(tokens(8))) // 2 prompt blocks, block size 4
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []uint64{2 + picker.MaxOutputBlocksPerReport, 2 + 2*picker.MaxOutputBlocksPerReport} {
+		added, err := s.OutputTokens(ctxb(), sel.SelectionID, ^uint64(0))
+		if err != nil || added != picker.MaxOutputBlocksPerReport {
+			t.Fatalf("report %d: added %d, %v; want %d", i, added, err, picker.MaxOutputBlocksPerReport)
+		}
+		if got := loadOf(t, s, "model", "", 1, 0).PotentialDecodeBlocks; got != want {
+			t.Fatalf("report %d: active blocks %d, want %d", i, got, want)
+		}
+	}
+	if added, _ := s.OutputTokens(ctxb(), sel.SelectionID, 4*(2*picker.MaxOutputBlocksPerReport+10)); added != 10 {
+		t.Fatalf("a total 10 blocks beyond the booking added %d", added)
+	}
+	if err := s.Free(ctxb(), sel.SelectionID); err != nil {
+		t.Fatal(err)
+	}
+	if got := loadOf(t, s, "model", "", 1, 0).PotentialDecodeBlocks; got != 0 {
+		t.Fatalf("active blocks %d after free", got)
+	}
+}

@@ -200,3 +200,16 @@ func (s *Service) runPrefillReleases(done <-chan struct{}) {
 		}
 	}
 }
+
+// PrefillRateCeilingFactor bounds the prefill rates the service measures: an observed completion
+// (a streamed response's first chunk, a prefill_complete call) whose work over its time implies
+// more than this × Config.AssumedPrefillTokensPerSecond trains no rate (ledger
+// Config.MaxPrefillTokensPerSecond), since it did not time a prefill — an instant in-stream error,
+// a cached reply, or a proxy's early empty chunk. Without the bound four such answers to 24k-token
+// prompts measured ~10^7 tokens/s and the next non-streamed 24k-token booking released its prefill
+// at once instead of after ~3 s. Dropping them (rather than clamping them to the ceiling) leaves
+// the estimate where it was, the safe side: a prefill held a little long rather than released
+// while the engine still works on it. The cost: an engine truly more than 10× faster than the
+// assumed rate is never measured (set DYN_EPP_ASSUMED_PREFILL_TOKENS_PER_SECOND closer to it).
+// With an assumed rate of 0 every sample counts.
+const PrefillRateCeilingFactor = 10

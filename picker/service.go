@@ -92,7 +92,7 @@ func New(cfg Config) (*Service, error) {
 		cfg:        cfg,
 		log:        cfg.Logger,
 		now:        cfg.Now,
-		ledger:     ledger.New(ledger.Config{TrackActiveBlocks: cfg.Router.TrackActiveBlocks}),
+		ledger:     ledger.New(ledger.Config{TrackActiveBlocks: cfg.Router.TrackActiveBlocks, MaxPrefillTokensPerSecond: PrefillRateCeilingFactor * cfg.AssumedPrefillTokensPerSecond}),
 		factory:    factory,
 		workers:    make(map[uint64]*workerEntry),
 		partitions: make(map[PartitionKey]*partition),

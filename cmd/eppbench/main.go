@@ -184,8 +184,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("--skip %d must be ≥ 0 and needs --trace", o.Skip)
 	case strings.TrimSpace(o.Out) == "":
 		return errors.New("--out must name a directory")
-	case o.Speedup < 0 || o.Speedup != o.Speedup:
-		return fmt.Errorf("--speedup %v must be > 0", o.Speedup)
+	case o.Speedup != 0 && !(o.Speedup >= minSpeedup && o.Speedup <= maxSpeedup):
+		return fmt.Errorf("--speedup %v must be 0 (the workload default) or in %g..%g", o.Speedup, minSpeedup, maxSpeedup)
 	case o.Workers < 1 || o.Workers > 1024:
 		return fmt.Errorf("--workers %d must be in 1..1024", o.Workers)
 	case o.CapacityBlocks < 0:
@@ -196,8 +196,10 @@ func (o *Options) validate() error {
 		return fmt.Errorf("--trace-block-tokens %d must be in 1..512", o.TraceBlockTokens)
 	case o.Trace != "" && o.TraceBlockTokens%o.BlockSize != 0:
 		return fmt.Errorf("--block-size %d must divide the trace's %d-token blocks", o.BlockSize, o.TraceBlockTokens)
-	case o.PrefillUsPerTok < 0 || o.PrefillOverheadM < 0 || o.DecodeUsPerTok < 0 || o.CoalesceMs < 0:
-		return errors.New("--prefill-us-per-token, --prefill-overhead-ms, --decode-us-per-token and --coalesce-ms must be ≥ 0")
+	case o.timingFlagError() != nil:
+		return o.timingFlagError()
+	case o.Conversations > maxConversations:
+		return fmt.Errorf("--conversations %d must be ≤ %d: a replay holds the prompts of every queued request in memory, and the chat demo's 60 s start window queues most of them (2,000 conversations peaked at ~2.3 GB in a virtual replay)", o.Conversations, maxConversations)
 	case o.BatchLimit < 0:
 		return fmt.Errorf("--batch-limit %d must be ≥ 0", o.BatchLimit)
 	case o.MaxBatchedTokens < 0:
@@ -516,7 +518,11 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 			runErr = err
 			break
 		}
-		br := summarize(run, w, ideal, o.Speedup, o.Buckets)
+		timeScale := o.Speedup // simulated seconds per wall second of the results' stamps
+		if o.Virtual {
+			timeScale = 1 // stamped on the simulated clock (runVirtualBaseline)
+		}
+		br := summarize(run, w, ideal, timeScale, o.Buckets)
 		if err := writeRequestsCSV(filepath.Join(absWork, "requests-"+fileSlug(b.Name)+".csv"), run, w, ideal); err != nil {
 			runErr = err
 			break
@@ -537,4 +543,32 @@ func Run(ctx context.Context, o Options, progress io.Writer, tty bool) (*Result,
 		}
 	}
 	return res, runErr
+}
+
+// Bounds of the flags whose extreme values broke a replay rather than describing one.
+const (
+	// minSpeedup and maxSpeedup bound --speedup: beyond them wall = simulated / speedup rounds
+	// to 0 or overflows a time.Duration.
+	minSpeedup, maxSpeedup = 1e-3, 1e6
+	// maxTimingFlag bounds the simple engine's timings and --coalesce-ms (µs per token, ms): 10^6
+	// (a second per token, 17 minutes of overhead) keeps every step time of a 2^24-token prompt
+	// within a time.Duration, where 1e300 came back as a negative duration.
+	maxTimingFlag = 1e6
+	// maxConversations bounds --conversations (the default chat demo has 120).
+	maxConversations = 2000
+)
+
+// timingFlagError names the first timing flag that is NaN, infinite, negative or above
+// maxTimingFlag, or returns nil.
+func (o *Options) timingFlagError() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"--prefill-us-per-token", o.PrefillUsPerTok}, {"--prefill-overhead-ms", o.PrefillOverheadM},
+		{"--decode-us-per-token", o.DecodeUsPerTok}, {"--coalesce-ms", o.CoalesceMs}} {
+		if !(f.v >= 0 && f.v <= maxTimingFlag) {
+			return fmt.Errorf("%s %v must be a finite number in 0..%g", f.name, f.v, float64(maxTimingFlag))
+		}
+	}
+	return nil
 }

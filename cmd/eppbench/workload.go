@@ -170,8 +170,8 @@ func parseTrace(r io.Reader, limit, blockTokens int, seed uint64) (*Workload, er
 			return nil, fmt.Errorf("line %d: hash_ids is missing", line)
 		}
 		ts, in, out, ids := *tl.Timestamp, *tl.InputLength, *tl.OutputLength, *tl.HashIDs
-		if math.IsNaN(ts) || math.IsInf(ts, 0) || ts < 0 {
-			return nil, fmt.Errorf("line %d: timestamp %v must be a finite number of ms ≥ 0", line, ts)
+		if math.IsNaN(ts) || math.IsInf(ts, 0) || ts < 0 || ts > MaxTraceTimestampMs {
+			return nil, fmt.Errorf("line %d: timestamp %v must be a finite number of ms in 0..%g", line, ts, float64(MaxTraceTimestampMs))
 		}
 		if in < 1 || out < 0 {
 			return nil, fmt.Errorf("line %d: input_length %d must be ≥ 1 and output_length %d ≥ 0", line, in, out)
@@ -378,7 +378,16 @@ func PooledLRUReuse(w *Workload, blockSize, capacityBlocks int) []int64 {
 		return out
 	}
 	lru := list.New() // front = least recently used
-	where := make(map[uint64]*list.Element, capacityBlocks)
+	// The map never holds more than the workload's blocks: size it by those, not by the capacity
+	// (--workers × --capacity-blocks reached 2^28 blocks, 9.7 GB, for a 3-request trace).
+	distinct := 0
+	for i := range w.Requests {
+		distinct += w.Requests[i].InputTokens / blockSize
+		if distinct >= capacityBlocks {
+			break
+		}
+	}
+	where := make(map[uint64]*list.Element, min(distinct, capacityBlocks))
 	var ids []uint64
 	for i := range w.Requests {
 		r := &w.Requests[i]
@@ -408,3 +417,8 @@ func PooledLRUReuse(w *Workload, blockSize, capacityBlocks int) []int64 {
 	}
 	return out
 }
+
+// MaxTraceTimestampMs is the largest trace timestamp accepted, ms (10^12 ms ≈ 31.7 years): a
+// time.Duration holds at most ~9.2·10^12 ms, and beyond it a timestamp wrapped to a negative
+// arrival (a negative span and TTFT in the table) or, at 1e300, silently to 0.
+const MaxTraceTimestampMs = 1e12
