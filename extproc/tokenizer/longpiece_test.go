@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -102,14 +100,7 @@ func symsOf(tk *Tokenizer, p string) []uint32 {
 // TestLongPieceSentencePiece: SentencePiece layouts reach BPE through appendCharWord; a word of
 // more than MaxExactPieceBytes is estimated there too, and shorter words stay exact.
 func TestLongPieceSentencePiece(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("testdata", "sp-layouts", "llama-legacy.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tk, err := parseTokenizerJSON(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tk := spLayout(t, "llama-legacy", false)
 	before := InexactPieces()
 	// Letters without "h", "i" and "w": the layout's normalized added tokens "hi" and "word"
 	// would cut the word; and only letters some merge uses, since the others are cut around

@@ -158,14 +158,7 @@ func TestIsolatedCharacterCutsAreExact(t *testing.T) {
 	alphabet := []string{"a", "t", "h", "e", "o", "r", "f", "g", "z", "0", "\n", "\t", ",", "{", "▁", "▁", "é", "€", "😀"}
 	for _, layout := range []string{"llama-legacy.json", "no-byte-fallback-unk.json", "fused-unk-ignore-merges.json", "metaspace-first.json"} {
 		t.Run(layout, func(t *testing.T) {
-			data, err := os.ReadFile(filepath.Join("testdata", "sp-layouts", layout))
-			if err != nil {
-				t.Fatal(err)
-			}
-			tk, err := parseTokenizerJSON(data)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tk := spLayout(t, strings.TrimSuffix(layout, ".json"), false)
 			cs := tk.model.chars
 			if cs == nil {
 				t.Skip("not a SentencePiece-style model")
