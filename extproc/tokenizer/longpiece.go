@@ -154,12 +154,17 @@ func boundPrompt(ids []uint32, before uint64) (exact int, err error) {
 	if exact < 0 {
 		return len(ids), nil // another request's long piece
 	}
-	for i := exact; i < len(ids); i++ {
-		if isInexact(ids[i]) {
+	zeroInexact(ids[exact:])
+	return exact, nil
+}
+
+// zeroInexact replaces the estimate markers in ids (isInexact) by 0.
+func zeroInexact(ids []uint32) {
+	for i, id := range ids {
+		if isInexact(id) {
 			ids[i] = 0
 		}
 	}
-	return exact, nil
 }
 
 // cacheable reports whether ids encoded since InexactPieces returned before may be kept in the

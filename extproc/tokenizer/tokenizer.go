@@ -314,11 +314,7 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
 	before := InexactPieces()
 	ids := t.encode(text, addSpecialTokens)
 	if InexactPieces() != before {
-		for i, id := range ids {
-			if isInexact(id) {
-				ids[i] = 0
-			}
-		}
+		zeroInexact(ids)
 	}
 	return ids
 }
