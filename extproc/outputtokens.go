@@ -122,16 +122,19 @@ func (c *outputCounter) addText(v []byte) {
 }
 
 // event counts one SSE event's data (a JSON object; anything else, such as [DONE], is skipped).
-// A role-only or finish-only delta carries no generated text and counts nothing.
-func (c *outputCounter) event(data []byte) {
+// A role-only or finish-only delta carries no generated text and counts nothing. It returns the
+// event's top-level usage and response members and whether data is a JSON object
+// (UsageParser.onEvent), from the one scan of its top level.
+func (c *outputCounter) event(data []byte) (usage, response []byte, object bool) {
 	i := jsonscan.SkipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
-		return
+		return nil, nil, false
 	}
 	c.usage, c.choices, c.response, c.text, c.carries = nil, nil, nil, 0, false
 	if !objectMembers(data, c.top) {
-		return
+		return nil, nil, false
 	}
+	usage, response = c.usage, c.response
 	if len(c.usage) == 0 && len(c.response) > 0 && c.response[0] == '{' && !objectMembers(c.response, c.responseM) {
 		c.usage = nil
 	}
@@ -156,6 +159,7 @@ func (c *outputCounter) event(data []byte) {
 		}
 	}
 	c.usage, c.choices, c.response = nil, nil, nil
+	return usage, response, true
 }
 
 // generated returns the output tokens counted so far: the latest reported usage (0 when none)

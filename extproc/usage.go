@@ -72,8 +72,10 @@ type UsageParser struct {
 	usage Usage
 
 	// onEvent, when set, receives the data of every complete SSE event (streaming only) before
-	// its usage is merged; the slice is only valid during the call.
-	onEvent func(data []byte)
+	// its usage is merged; the slice is only valid during the call. It scans the event's top
+	// level and returns its usage and response members and whether data is a JSON object, as
+	// parseEvent's own scan would, so that the event is scanned once.
+	onEvent func(data []byte) (usage, response []byte, object bool)
 }
 
 // NewUsageParser returns a parser for a response with the given content-type; requestStream is
@@ -273,9 +275,13 @@ func (p *UsageParser) line(l []byte) {
 func (p *UsageParser) dispatch() {
 	if p.hasData && !p.discard {
 		if p.onEvent != nil {
-			p.onEvent(p.event)
+			usage, response, ok := p.onEvent(p.event)
+			if ok && bytes.Contains(p.event, usageKey) {
+				p.mergeEvent(usage, response)
+			}
+		} else {
+			p.parseEvent(p.event)
 		}
-		p.parseEvent(p.event)
 	}
 	p.event, p.hasData, p.discard = p.event[:0], false, false
 }
@@ -298,6 +304,11 @@ func (p *UsageParser) parseEvent(data []byte) {
 	}) {
 		return
 	}
+	p.mergeEvent(usage, response)
+}
+
+// mergeEvent merges the usage of an event's top-level usage and response members.
+func (p *UsageParser) mergeEvent(usage, response []byte) {
 	p.mergeUsage(usage)
 	if len(response) > 0 && response[0] == '{' {
 		var ru []byte

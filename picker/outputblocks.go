@@ -2,6 +2,7 @@ package picker
 
 import (
 	"context"
+
 	"github.com/kvepp/kvepp/internal/excerpt"
 )
 
