@@ -163,6 +163,65 @@ func TestPredictedTTFTDecisions(t *testing.T) {
 			}
 		}
 	})
+	// The same conversation on engines whose total_kv_blocks is known: 1,000 blocks of prompt,
+	// 937 cached on worker 1, whose live bookings hold booked1 blocks of its 100,000.
+	withKV := func(booked1 int) policytest.Source {
+		home, idle := worker(1, 20000, 15000/bs), worker(2, 0, 0)
+		home.Engine.TotalKVBlocks, idle.Engine.TotalKVBlocks = 100000, 100000
+		home.Engine.ActiveBlocks, home.DecodeCost = booked1, booked1+1000-15000/bs
+		idle.DecodeCost = 1000
+		return withArrivals(policytest.Source{home, idle}, 0)
+	}
+	for _, tc := range []struct {
+		name          string
+		booked        int    // blocks worker 1's live bookings hold
+		want          uint64 // the default's choice
+		params        string // other parameters …
+		wantWithParam uint64 // … and their choice
+	}{
+		// Worker 1's KV is 10 % booked: staying costs 0.5 s more predicted TTFT, moving makes the
+		// pool redo 14,992 tokens, charged 20 × 1.5 s. The previous default (no sticky charge)
+		// moved it, as it still does with sticky_weight 0.
+		{"a roomy worker keeps the conversation whose history it holds", 10000, 1, `{"sticky_weight": 0}`, 2},
+		// 25,063 of 100,000 blocks held after placement (> 20 %): no sticky charge, and the faster
+		// first token wins as before; with a looser fraction worker 1 is roomy again.
+		{"a worker whose KV is booked beyond sticky_kv_fraction does not hold it", 25000, 2, `{"sticky_kv_fraction": 0.3}`, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := 0; i < 20; i++ {
+				if got := pick(t, pol, 16000, rng, withKV(tc.booked)); got != tc.want {
+					t.Fatalf("got worker %d, want worker %d", got, tc.want)
+				}
+			}
+			other := policytest.NewPolicy(t, predictedttft.Provider, tc.params)
+			if got := pick(t, other, 16000, rng, withKV(tc.booked)); got != tc.wantWithParam {
+				t.Fatalf("with %s got worker %d, want worker %d", tc.params, got, tc.wantWithParam)
+			}
+		})
+	}
+	t.Run("the sticky charge is measured against the best roomy worker", func(t *testing.T) {
+		// Worker 1 holds the whole history but is 30 % booked; worker 3 is roomy and holds
+		// 8,000 tokens of it behind 10,000 queued (1.8 s); worker 2 is idle (1.6 s). Worker 2
+		// redoes 8,000 tokens worker 3 has cached (20 × 0.8 s), so worker 3 wins.
+		src := withKV(30000)
+		third := worker(3, 10000, 8000/bs)
+		third.Engine.TotalKVBlocks, third.Engine.ActiveBlocks, third.DecodeCost = 100000, 5000, 5000+1000-8000/bs
+		src = withArrivals(append(src, third), 0)
+		for i := 0; i < 20; i++ {
+			if got := pick(t, pol, 16000, rng, src); got != 3 {
+				t.Fatalf("got worker %d, want worker 3", got)
+			}
+		}
+	})
+	t.Run("without total_kv_blocks no worker counts as roomy", func(t *testing.T) {
+		src := withKV(10000)
+		for i := range src {
+			src[i].Engine.TotalKVBlocks = 0
+		}
+		if got := pick(t, pol, 16000, rng, src); got != 2 {
+			t.Fatalf("got worker %d, want the idle worker 2", got)
+		}
+	})
 	t.Run("recompute_weight charges the prefill the pool redoes", func(t *testing.T) {
 		sticky := policytest.NewPolicy(t, predictedttft.Provider, `{"recompute_weight": 2}`)
 		if got := pick(t, sticky, 16000, rng, withArrivals(conversation, 0)); got != 1 {
@@ -226,10 +285,13 @@ func TestPredictedTTFTParameters(t *testing.T) {
 		{`{"kv_pressure_weight": -2}`, "kv_pressure_weight"},
 		{`{"near_tie_tokens": -1}`, "near_tie_tokens"},
 		{`{"min_recompute_weight": 1}`, "min_recompute_weight"},
+		{`{"sticky_weight": -1}`, "sticky_weight"},
+		{`{"sticky_kv_fraction": -0.1}`, "sticky_kv_fraction"},
+		{`{"sticky_kv_fraction": 1.5}`, "sticky_kv_fraction"},
 	} {
 		policytest.WantRejected(t, predictedttft.Provider, predictedttft.TypeName, tc.raw, tc.want)
 	}
-	pol := policytest.NewPolicy(t, predictedttft.Provider, `{"delay_weight": 0, "recompute_weight": 1.5, "near_tie_tokens": 64, "kv_pressure_weight": 0, "prefill_tokens_per_second": 5000}`)
+	pol := policytest.NewPolicy(t, predictedttft.Provider, `{"delay_weight": 0, "recompute_weight": 1.5, "near_tie_tokens": 64, "kv_pressure_weight": 0, "prefill_tokens_per_second": 5000, "sticky_weight": 10, "sticky_kv_fraction": 0.5}`)
 	if got := pol.RequiredInputs(); got != policies.InputsCache|policies.InputsLoad {
 		t.Fatalf("required inputs %v, want CACHE|LOAD", got)
 	}
