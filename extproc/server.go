@@ -201,8 +201,12 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 		defer st.mu.Unlock()
 		st.finish(clean)
 	}()
+	// One request message is decoded into for the whole stream: decoding resets it first
+	// (proto.Unmarshal), and the stream keeps only the nested messages of a request (a body chunk,
+	// filter metadata), which every decode allocates anew — never the message itself.
+	req := &extprocv3.ProcessingRequest{}
 	for {
-		req, err := ps.Recv()
+		err := ps.RecvMsg(req)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				clean = true
@@ -234,7 +238,8 @@ func (s *Server) putBuf(b *[]byte) {
 }
 
 // releaseCtx is the context for Free / PrefillComplete calls: the stream's values without its
-// cancellation, bounded by ReleaseTimeout.
-func (s *Server) releaseCtx(parent context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(parent), s.cfg.ReleaseTimeout)
+// cancellation, bounded by ReleaseTimeout (a releaseContext, whose timer starts only if the callee
+// waits on it).
+func (s *Server) releaseCtx(parent context.Context) *releaseContext {
+	return newReleaseContext(parent, s.cfg.ReleaseTimeout)
 }
