@@ -157,8 +157,10 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // GRPCServerOptions returns the grpc.ServerOptions the ext_proc port needs: a maximum receive message
 // size of MaxRequestBodyBytes + 1 MiB, since BUFFERED mode delivers the whole body in one message
-// (epp.md §1); and transport settings for request bodies of hundreds of kilobytes arriving on many
-// concurrent streams of one proxy connection (see streamWindowBytes).
+// (epp.md §1); transport settings for request bodies of hundreds of kilobytes arriving on many
+// concurrent streams of one proxy connection (see streamWindowBytes); and replyCodec, which
+// encodes replies with go-control-plane's generated vtprotobuf code when built with -tags
+// vtprotobuf.
 func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 	n := s.cfg.MaxRequestBodyBytes + 1<<20
 	if n > int64(^uint32(0)>>1) {
@@ -169,6 +171,7 @@ func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 		grpc.InitialWindowSize(streamWindowBytes),
 		grpc.InitialConnWindowSize(connWindowBytes),
 		grpc.NumStreamWorkers(uint32(streamWorkersPerCPU * runtime.GOMAXPROCS(0))),
+		codecOption(),
 	}
 }
 
