@@ -2,12 +2,7 @@ package extproc_test
 
 import (
 	"bytes"
-	"context"
-	"fmt"
 	"testing"
-	"time"
-
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/kvepp/kvepp/extproc/extproctest"
 )
@@ -20,40 +15,19 @@ import (
 // request's routing reply carries its own x-request-id and body.
 func TestReusedMessagesCarryNothingOver(t *testing.T) {
 	h := newHarness(t, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	recv := func(ps extprocv3.ExternalProcessor_ProcessClient) *extprocv3.ProcessingResponse {
-		t.Helper()
-		m, err := ps.Recv()
-		if err != nil {
-			t.Fatalf("recv: %v", err)
-		}
-		return m
-	}
 	for i, body := range [][]byte{chatBody(300), chatBody(120)} {
 		// The first request has no x-request-id (its routing reply sets a generated one), the
 		// second its own (its routing reply sets none).
-		hdrs := []extproctest.Header{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"}}
-		id := fmt.Sprintf("req-%d", i)
+		var extra []extproctest.Header
 		if i == 1 {
-			hdrs = append(hdrs, extproctest.Header{Key: "x-request-id", Value: id})
+			extra = append(extra, extproctest.Header{Key: "x-request-id", Value: "req-1"})
 		}
-		ps, err := h.client.Open(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		send := func(m *extprocv3.ProcessingRequest) {
-			t.Helper()
-			if err := ps.Send(m); err != nil {
-				t.Fatalf("send: %v", err)
-			}
-		}
-		send(extproctest.RequestHeaders(false, hdrs...))
+		ps := openStream(t, h)
+		send(t, ps, postHeaders("/v1/chat/completions", extra...))
 		// Two chunks, the second shorter than the first: a chunk decoded over the first one
 		// would show its tail.
-		send(extproctest.RequestBody(body[:len(body)-20], false))
-		send(extproctest.RequestBody(body[len(body)-20:], true))
-		routing := recv(ps).GetRequestHeaders().GetResponse()
+		send(t, ps, extproctest.RequestBody(body[:len(body)-20], false), extproctest.RequestBody(body[len(body)-20:], true))
+		routing := recv(t, ps).GetRequestHeaders().GetResponse()
 		if routing == nil {
 			t.Fatalf("request %d: no routing reply", i)
 		}
@@ -68,7 +42,7 @@ func TestReusedMessagesCarryNothingOver(t *testing.T) {
 		}
 		var restreamed []byte
 		for {
-			c := recv(ps).GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+			c := recv(t, ps).GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
 			if c == nil {
 				t.Fatalf("request %d: a re-streamed chunk is not a streamed_response", i)
 			}
@@ -80,9 +54,9 @@ func TestReusedMessagesCarryNothingOver(t *testing.T) {
 		if !bytes.Equal(restreamed, body) {
 			t.Fatalf("request %d: re-streamed body %q, want %q", i, restreamed, body)
 		}
-		send(extproctest.ResponseHeaders(false, extproctest.Header{Key: ":status", Value: "200"},
+		send(t, ps, extproctest.ResponseHeaders(false, extproctest.Header{Key: ":status", Value: "200"},
 			extproctest.Header{Key: "content-type", Value: "text/event-stream"}))
-		if rh := recv(ps).GetResponseHeaders(); rh == nil || rh.GetResponse().GetHeaderMutation() != nil {
+		if rh := recv(t, ps).GetResponseHeaders(); rh == nil || rh.GetResponse().GetHeaderMutation() != nil {
 			t.Fatalf("request %d: response_headers reply %v, want one without a header mutation", i, rh)
 		}
 		chunks := []struct {
@@ -94,8 +68,8 @@ func TestReusedMessagesCarryNothingOver(t *testing.T) {
 			{nil, true},
 		}
 		for j, c := range chunks {
-			send(extproctest.ResponseBody(c.b, c.eos))
-			echo := recv(ps).GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+			send(t, ps, extproctest.ResponseBody(c.b, c.eos))
+			echo := recv(t, ps).GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
 			if echo == nil || !bytes.Equal(echo.GetBody(), c.b) || echo.GetEndOfStream() != c.eos {
 				t.Fatalf("request %d chunk %d: echo %v, want body %q end_of_stream %v", i, j, echo, c.b, c.eos)
 			}
