@@ -9,7 +9,8 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="-s -w" -o /out/epp ./cmd/epp
+# -tags vtprotobuf: ext_proc replies are encoded by go-control-plane's generated code (extproc/codec.go).
+RUN CGO_ENABLED=0 GOOS=linux go build -tags vtprotobuf -trimpath -ldflags="-s -w" -o /out/epp ./cmd/epp
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/epp /usr/local/bin/epp

@@ -10,8 +10,13 @@ import (
 )
 
 // The replies of every exchange are built with as few allocations as the protocol's nesting
-// allows: each message is new (gRPC may read a sent message after Send returns, so nothing is
-// reused), but the messages of one reply share one allocation.
+// allows: the messages of one reply share one allocation, and the replies a stream sends many of
+// (streamed body chunks, response headers) are one per stream, rebuilt from zero for every Send.
+// Reusing a sent message is safe because grpc-go encodes it within SendMsg (prepareMsg; a binary
+// log records the encoded bytes) and the ext_proc server installs no stats handler, the one part
+// of gRPC handed the message itself; every Send of a stream happens under stream.mu, so no two
+// builds of one stream's reply overlap. Zeroing the whole reply before building it keeps nothing of the previous message (its
+// chunk, end_of_stream, header mutation or cached sizes).
 
 // streamedReply is a request_body or response_body reply carrying a streamed_response chunk, its
 // seven nested messages in one allocation.
@@ -26,10 +31,11 @@ type streamedReply struct {
 	chunk   extprocv3.StreamedBodyResponse
 }
 
-// newStreamedReply returns the reply that streams b (end_of_stream eos) back to Envoy: a
-// request_body reply when request is true, else a response_body reply. b is not copied.
-func newStreamedReply(request bool, b []byte, eos bool) *extprocv3.ProcessingResponse {
-	r := &streamedReply{}
+// build makes r the reply that streams b (end_of_stream eos) back to Envoy — a request_body reply
+// when request is true, else a response_body reply — discarding whatever r held, and returns it.
+// b is not copied.
+func (r *streamedReply) build(request bool, b []byte, eos bool) *extprocv3.ProcessingResponse {
+	*r = streamedReply{}
 	r.chunk.Body, r.chunk.EndOfStream = b, eos
 	r.oneof.StreamedResponse = &r.chunk
 	r.mut.Mutation = &r.oneof
@@ -53,10 +59,10 @@ type responseHeadersReply struct {
 	common extprocv3.CommonResponse
 }
 
-// newResponseHeadersReply returns the response_headers reply carrying header mutation mut (nil
-// for none).
-func newResponseHeadersReply(mut *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse {
-	r := &responseHeadersReply{}
+// build makes r the response_headers reply carrying header mutation mut (nil for none),
+// discarding whatever r held, and returns it.
+func (r *responseHeadersReply) build(mut *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse {
+	*r = responseHeadersReply{}
 	r.common.HeaderMutation = mut
 	r.hdrs.Response = &r.common
 	r.oneof.ResponseHeaders = &r.hdrs
@@ -64,8 +70,41 @@ func newResponseHeadersReply(mut *extprocv3.HeaderMutation) *extprocv3.Processin
 	return &r.resp
 }
 
-// headerSetter builds the set_headers of a header mutation: every HeaderValueOption, HeaderValue
-// and raw value in three allocations sized for n headers.
+// routingHeaders and routingRawBytes size the set headers a routingReply holds: the headers of
+// epp.md §5.9 / §5.10 (destination, worker instance id, dp rank, routing mode, a generated
+// x-request-id, a rewritten content-length) and their values — a destination list with a few
+// fallbacks, a UUID and numbers. A reply that needs more allocates the rest (headerSetter.set).
+const (
+	routingHeaders  = 6
+	routingRawBytes = 192
+)
+
+// routingReply is the routing reply (epp.md §4.1–§4.3): the request_headers reply (or, for a
+// BUFFERED body, the request_body reply) with its header mutation, optional body mutation and set
+// headers, all in one allocation. A stream sends one, so it is not reused.
+type routingReply struct {
+	resp    extprocv3.ProcessingResponse
+	reqHdrs extprocv3.ProcessingResponse_RequestHeaders
+	reqBody extprocv3.ProcessingResponse_RequestBody
+	hdrs    extprocv3.HeadersResponse
+	body    extprocv3.BodyResponse
+	common  extprocv3.CommonResponse
+	mut     extprocv3.HeaderMutation
+	bodyMut extprocv3.BodyMutation
+	bodyRep extprocv3.BodyMutation_Body
+
+	opts [routingHeaders]corev3.HeaderValueOption
+	vals [routingHeaders]corev3.HeaderValue
+	out  [routingHeaders]*corev3.HeaderValueOption
+	raw  [routingRawBytes]byte
+}
+
+// setter returns a headerSetter backed by r's header arrays.
+func (r *routingReply) setter() headerSetter {
+	return headerSetter{opts: r.opts[:0], vals: r.vals[:0], raw: r.raw[:0], out: r.out[:0]}
+}
+
+// headerSetter builds the set_headers of a header mutation in the backing arrays it is given.
 type headerSetter struct {
 	opts []corev3.HeaderValueOption
 	vals []corev3.HeaderValue
@@ -73,15 +112,8 @@ type headerSetter struct {
 	out  []*corev3.HeaderValueOption
 }
 
-func newHeaderSetter(n, rawBytes int) *headerSetter {
-	return &headerSetter{
-		opts: make([]corev3.HeaderValueOption, 0, n), vals: make([]corev3.HeaderValue, 0, n),
-		raw: make([]byte, 0, rawBytes), out: make([]*corev3.HeaderValueOption, 0, n),
-	}
-}
-
-// set adds key: value (OVERWRITE_IF_EXISTS_OR_ADD, the value as raw_value, as setHeader). More
-// headers than the setter was sized for are allocated one by one.
+// set adds key: value (OVERWRITE_IF_EXISTS_OR_ADD, the value as raw_value, as setHeader). Headers
+// beyond the backing arrays' capacity (or values beyond the raw bytes') are allocated one by one.
 func (h *headerSetter) set(key, value string) {
 	if len(h.opts) == cap(h.opts) || len(h.raw)+len(value) > cap(h.raw) {
 		h.out = append(h.out, setHeader(key, value))

@@ -2,7 +2,9 @@ package extproc
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -12,71 +14,142 @@ import (
 	"github.com/kvepp/kvepp/picker"
 )
 
-// TestStreamedReplyIsOneAllocation: a streamed body chunk reply (request or response phase) is
-// the protocol's seven nested messages in one allocation, and it is the message the plain
-// construction gives.
-func TestStreamedReplyIsOneAllocation(t *testing.T) {
+// streamedWant is the plain construction of a streamed body chunk reply.
+func streamedWant(request bool, chunk []byte, eos bool) *extprocv3.ProcessingResponse {
+	sb := &extprocv3.StreamedBodyResponse{Body: chunk, EndOfStream: eos}
+	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: sb}}}}
+	if request {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
+}
+
+// TestStreamedReplyReuse: one streamedReply rebuilt for every chunk of a stream is, each time,
+// exactly the plain construction's message — nothing of the previous chunk (its body, its
+// end_of_stream, its request or response phase) survives a rebuild, as the wire bytes show — and
+// rebuilding allocates nothing.
+func TestStreamedReplyReuse(t *testing.T) {
+	var r streamedReply
+	steps := []struct {
+		request bool
+		chunk   []byte
+		eos     bool
+	}{
+		{true, []byte(`{"model":"m","messages":[{"role":"user","content":"first request body"}]}`), true},
+		{false, []byte("data: {\"choices\":[]}\n\n"), false},
+		{false, nil, true}, // an empty last chunk: no body of the previous one
+		{true, []byte("x"), false},
+		{false, []byte("data: [DONE]\n\n"), true},
+	}
+	for i, st := range steps {
+		got := r.build(st.request, st.chunk, st.eos)
+		want := streamedWant(st.request, st.chunk, st.eos)
+		if !proto.Equal(got, want) {
+			t.Fatalf("step %d: got %v, want %v", i, got, want)
+		}
+		gb, err := proto.MarshalOptions{Deterministic: true}.Marshal(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wb, _ := proto.MarshalOptions{Deterministic: true}.Marshal(want)
+		if !bytes.Equal(gb, wb) {
+			t.Fatalf("step %d: encodes as %x, want %x", i, gb, wb)
+		}
+	}
 	chunk := []byte("data: {}\n\n")
 	for _, request := range []bool{true, false} {
-		got := newStreamedReply(request, chunk, true)
-		sb := &extprocv3.StreamedBodyResponse{Body: chunk, EndOfStream: true}
-		br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
-			Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: sb}}}}
-		want := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
-		if request {
-			want = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
-		}
-		if !proto.Equal(got, want) {
-			t.Fatalf("request=%v: got %v, want %v", request, got, want)
-		}
-		if n := testing.AllocsPerRun(100, func() { _ = newStreamedReply(request, chunk, false) }); n > 1 {
-			t.Errorf("request=%v: %v allocations per reply, want 1", request, n)
+		if n := testing.AllocsPerRun(100, func() { _ = r.build(request, chunk, false) }); n != 0 {
+			t.Errorf("request=%v: %v allocations per rebuilt reply, want 0", request, n)
 		}
 	}
 }
 
-// TestResponseHeadersReplyIsOneAllocation: the response_headers reply is the plain construction's
-// message, with or without a header mutation, in one allocation.
-func TestResponseHeadersReplyIsOneAllocation(t *testing.T) {
-	for _, mut := range []*extprocv3.HeaderMutation{nil, {RemoveHeaders: []string{"x"}}} {
+// TestResponseHeadersReplyReuse: a rebuilt response_headers reply is the plain construction's
+// message, with or without a header mutation — a reply without one keeps none of the previous
+// reply's — and rebuilding allocates nothing.
+func TestResponseHeadersReplyReuse(t *testing.T) {
+	var r responseHeadersReply
+	for _, mut := range []*extprocv3.HeaderMutation{{RemoveHeaders: []string{"x"}}, nil, {SetHeaders: []*corev3.HeaderValueOption{setHeader("a", "b")}}, nil} {
 		want := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 			ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}}
-		if got := newResponseHeadersReply(mut); !proto.Equal(got, want) {
+		if got := r.build(mut); !proto.Equal(got, want) {
 			t.Fatalf("got %v, want %v", got, want)
 		}
-		if n := testing.AllocsPerRun(100, func() { _ = newResponseHeadersReply(mut) }); n > 1 {
-			t.Errorf("%v allocations per reply, want 1", n)
+		if n := testing.AllocsPerRun(100, func() { _ = r.build(mut) }); n != 0 {
+			t.Errorf("%v allocations per rebuilt reply, want 0", n)
 		}
 	}
 }
 
-// TestRoutingMutationAllocations: the routing reply's header mutation keeps the headers of epp.md
-// §5.9 / §5.10 in a handful of allocations (not three per header), and destinationMetadata shares
-// one unmodified metadata message per destination.
-func TestRoutingMutationAllocations(t *testing.T) {
+// TestRoutingReply: the routing reply carries the headers of epp.md §5.9 / §5.10 and, as a
+// request_body reply, the rewritten body, exactly as the plain construction does, in one
+// allocation; a destination list too long for the reply's own bytes is still set in full.
+// destinationMetadata shares one unmodified metadata message per destination.
+func TestRoutingReply(t *testing.T) {
 	s := &Server{}
-	st := &stream{s: s, dest: "10.0.0.1:8000", generatedID: "0b7e2c1c-6a43-4c8e-9f7e-1f2a3b4c5d6e"}
-	d := &decision{sel: picker.Selection{WorkerID: 3, DPRank: 1}, body: make([]byte, 1234), rewritten: true}
-	m := st.routingMutation(d)
-	want := map[string]string{DestinationHeader: "10.0.0.1:8000", "x-dynamo-worker-instance-id": "3",
-		"x-dynamo-dp-rank": "1", "x-dynamo-routing-mode": "aggregated", "x-request-id": st.generatedID, "content-length": "1234"}
-	if len(m.GetSetHeaders()) != len(want) {
-		t.Fatalf("set headers %v, want %v", m.GetSetHeaders(), want)
+	const id = "0b7e2c1c-6a43-4c8e-9f7e-1f2a3b4c5d6e"
+	long := strings.Repeat("10.0.0.1:8000,", 20) + "10.0.0.2:8000"
+	for _, tc := range []struct {
+		name string
+		st   *stream
+		d    *decision
+		body bool
+	}{
+		{"headers", &stream{s: s, dest: "10.0.0.1:8000", generatedID: id}, &decision{sel: picker.Selection{WorkerID: 3, DPRank: 1}, body: make([]byte, 1234)}, false},
+		{"rewritten", &stream{s: s, dest: "10.0.0.1:8000", generatedID: id, hdr: requestHeaders{decision: "1"}},
+			&decision{sel: picker.Selection{WorkerID: 3, DPRank: 1}, body: []byte(`{"cache_salt":"t"}`), rewritten: true, decoded: true}, false},
+		{"buffered", &stream{s: s, dest: "10.0.0.1:8000"}, &decision{sel: picker.Selection{WorkerID: 7}, body: []byte(`{"cache_salt":"t"}`), rewritten: true}, true},
+		{"buffered-unchanged", &stream{s: s, dest: "10.0.0.1:8000"}, &decision{sel: picker.Selection{WorkerID: 7}, body: []byte(`{}`)}, true},
+		{"long-destination", &stream{s: s, dest: long, generatedID: id}, &decision{sel: picker.Selection{WorkerID: 1}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, d := tc.st, tc.d
+			set := []*corev3.HeaderValueOption{setHeader(DestinationHeader, st.dest),
+				setHeader("x-dynamo-worker-instance-id", strconv.FormatUint(d.sel.WorkerID, 10)),
+				setHeader("x-dynamo-dp-rank", strconv.FormatUint(uint64(d.sel.DPRank), 10)),
+				setHeader("x-dynamo-routing-mode", "aggregated")}
+			if st.generatedID != "" {
+				set = append(set, setHeader("x-request-id", st.generatedID))
+			}
+			if d.rewritten {
+				set = append(set, setHeader("content-length", strconv.Itoa(len(d.body))))
+			}
+			remove := slices.Clone(removedHeaders)
+			if d.decoded {
+				remove = append(remove, "content-encoding")
+			}
+			if st.hdr.decision != "" {
+				remove = append(remove, DecisionHeader)
+			}
+			common := &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set, RemoveHeaders: remove}, ClearRouteCache: true}
+			want := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}}
+			if tc.body {
+				if d.rewritten {
+					common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: d.body}}
+				}
+				want = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}}}
+			}
+			if got := st.routingReply(d, tc.body); !proto.Equal(got, want) {
+				t.Fatalf("got %v\nwant %v", got, want)
+			}
+			if tc.name == "long-destination" {
+				return
+			}
+			allocs := 1.0
+			if d.decoded || st.hdr.decision != "" {
+				allocs++ // the remove list is then the request's own
+			}
+			if n := testing.AllocsPerRun(100, func() { _ = st.routingReply(d, tc.body) }); n > allocs {
+				t.Errorf("%v allocations per routing reply, want %v", n, allocs)
+			}
+		})
 	}
-	for _, h := range m.GetSetHeaders() {
-		if w, ok := want[h.GetHeader().GetKey()]; !ok || !bytes.Equal(h.GetHeader().GetRawValue(), []byte(w)) ||
-			h.GetAppendAction() != corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD {
-			t.Fatalf("header %v, want %q", h, w)
-		}
-	}
-	if n := testing.AllocsPerRun(100, func() { _ = st.routingMutation(d) }); n > 5 {
-		t.Errorf("%v allocations per routing mutation, want at most 5", n)
-	}
-	md := s.destinationMetadata(st.dest)
-	if !proto.Equal(md, lbMetadata(st.dest)) || s.destinationMetadata(st.dest) != md {
+	md := s.destinationMetadata("10.0.0.1:8000")
+	if !proto.Equal(md, lbMetadata("10.0.0.1:8000")) || s.destinationMetadata("10.0.0.1:8000") != md {
 		t.Fatalf("destinationMetadata %v is not the shared lbMetadata", md)
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = s.destinationMetadata(st.dest) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { _ = s.destinationMetadata("10.0.0.1:8000") }); n != 0 {
 		t.Errorf("%v allocations per cached destination metadata, want 0", n)
 	}
 }

@@ -157,8 +157,10 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // GRPCServerOptions returns the grpc.ServerOptions the ext_proc port needs: a maximum receive message
 // size of MaxRequestBodyBytes + 1 MiB, since BUFFERED mode delivers the whole body in one message
-// (epp.md §1); and transport settings for request bodies of hundreds of kilobytes arriving on many
-// concurrent streams of one proxy connection (see streamWindowBytes).
+// (epp.md §1); transport settings for request bodies of hundreds of kilobytes arriving on many
+// concurrent streams of one proxy connection (see streamWindowBytes); and replyCodec, which
+// encodes replies with go-control-plane's generated vtprotobuf code when built with -tags
+// vtprotobuf.
 func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 	n := s.cfg.MaxRequestBodyBytes + 1<<20
 	if n > int64(^uint32(0)>>1) {
@@ -169,6 +171,7 @@ func (s *Server) GRPCServerOptions() []grpc.ServerOption {
 		grpc.InitialWindowSize(streamWindowBytes),
 		grpc.InitialConnWindowSize(connWindowBytes),
 		grpc.NumStreamWorkers(uint32(streamWorkersPerCPU * runtime.GOMAXPROCS(0))),
+		codecOption(),
 	}
 }
 
@@ -201,8 +204,12 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 		defer st.mu.Unlock()
 		st.finish(clean)
 	}()
+	// One request message is decoded into for the whole stream: decoding resets it first
+	// (proto.Unmarshal), and the stream keeps only the nested messages of a request (a body chunk,
+	// filter metadata), which every decode allocates anew — never the message itself.
+	req := &extprocv3.ProcessingRequest{}
 	for {
-		req, err := ps.Recv()
+		err := ps.RecvMsg(req)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				clean = true
@@ -234,7 +241,8 @@ func (s *Server) putBuf(b *[]byte) {
 }
 
 // releaseCtx is the context for Free / PrefillComplete calls: the stream's values without its
-// cancellation, bounded by ReleaseTimeout.
-func (s *Server) releaseCtx(parent context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(parent), s.cfg.ReleaseTimeout)
+// cancellation, bounded by ReleaseTimeout (a releaseContext, whose timer starts only if the callee
+// waits on it).
+func (s *Server) releaseCtx(parent context.Context) *releaseContext {
+	return newReleaseContext(parent, s.cfg.ReleaseTimeout)
 }

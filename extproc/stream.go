@@ -221,6 +221,11 @@ type stream struct {
 	// outputs counts a streamed response's generated tokens for the picker's output blocks
 	// (outputtokens.go); nil unless the picker tracks them.
 	outputs *outputCounter
+
+	// streamed and respHeaders are the stream's streamed body chunk and response_headers replies,
+	// rebuilt for every Send (replies.go says why that is safe).
+	streamed    streamedReply
+	respHeaders responseHeadersReply
 }
 
 func newStream(s *Server, ps extprocv3.ExternalProcessor_ProcessServer) *stream {
@@ -451,7 +456,7 @@ func (st *stream) bodyTimedOut() {
 // routed: an upgraded stream, or the rest of a body routed at its content-length).
 func (st *stream) echoRequestBody(b *extprocv3.HttpBody) error {
 	if st.reqMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		return st.send(streamedBody(b.GetBody(), b.GetEndOfStream()))
+		return st.send(st.streamedBody(b.GetBody(), b.GetEndOfStream()))
 	}
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
 		RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
@@ -909,8 +914,8 @@ func (st *stream) prefillComplete() {
 	if !st.bk.state.CompareAndSwap(bookingLive, bookingPrefilled) {
 		return
 	}
-	ctx, cancel := st.s.releaseCtx(st.ctx)
-	defer cancel()
+	ctx := st.s.releaseCtx(st.ctx)
+	defer ctx.cancel()
 	if err := st.s.cfg.Picker.PrefillComplete(ctx, st.bk.id); err != nil {
 		st.s.log.Debug().Err(err).Str("selection_id", st.bk.id).Msg("prefill_complete failed")
 	}
@@ -928,8 +933,8 @@ func (st *stream) free() {
 		}
 	}
 	st.s.metrics.activeReservations.Add(-1)
-	ctx, cancel := st.s.releaseCtx(st.ctx)
-	defer cancel()
+	ctx := st.s.releaseCtx(st.ctx)
+	defer ctx.cancel()
 	if err := st.s.cfg.Picker.Free(ctx, st.bk.id); err != nil {
 		st.s.log.Debug().Err(err).Str("selection_id", st.bk.id).Msg("free failed")
 	}
@@ -959,9 +964,12 @@ func (st *stream) reject(err error) error {
 
 func (st *stream) send(r *extprocv3.ProcessingResponse) error { return st.ps.Send(r) }
 
-// routingMutation builds the header mutation of epp.md §5.9 / §5.10.
-func (st *stream) routingMutation(d *decision) *extprocv3.HeaderMutation {
-	set := newHeaderSetter(6, len(st.dest)+len(st.generatedID)+64)
+// routingReply builds the routing reply of epp.md §4.1–§4.3 with the header mutation of §5.9 /
+// §5.10: a request_headers reply, or a request_body reply (carrying a rewritten body) when body
+// is true. Its messages share one allocation (routingReply).
+func (st *stream) routingReply(d *decision, body bool) *extprocv3.ProcessingResponse {
+	r := &routingReply{}
+	set := r.setter()
 	var num [20]byte
 	set.set(DestinationHeader, st.dest)
 	set.set("x-dynamo-worker-instance-id", string(strconv.AppendUint(num[:0], d.sel.WorkerID, 10)))
@@ -974,38 +982,50 @@ func (st *stream) routingMutation(d *decision) *extprocv3.HeaderMutation {
 		set.set("content-length", string(strconv.AppendInt(num[:0], int64(len(d.body)), 10)))
 	}
 	remove := removedHeaders
-	if d.decoded {
-		remove = append(slices.Clip(remove), "content-encoding") // the rewritten body is forwarded plain
+	if d.decoded || st.hdr.decision != "" {
+		remove = append(make([]string, 0, len(removedHeaders)+2), removedHeaders...) // never the shared one
+		if d.decoded {
+			remove = append(remove, "content-encoding") // the rewritten body is forwarded plain
+		}
+		if st.hdr.decision != "" {
+			remove = append(remove, DecisionHeader)
+		}
 	}
-	if st.hdr.decision != "" {
-		remove = append(slices.Clip(remove), DecisionHeader)
+	r.mut.SetHeaders, r.mut.RemoveHeaders = set.out, remove
+	r.common.HeaderMutation, r.common.ClearRouteCache = &r.mut, true
+	if !body {
+		r.hdrs.Response = &r.common
+		r.reqHdrs.RequestHeaders = &r.hdrs
+		r.resp.Response = &r.reqHdrs
+		return &r.resp
 	}
-	return &extprocv3.HeaderMutation{SetHeaders: set.out, RemoveHeaders: remove}
+	if d.rewritten {
+		r.bodyRep.Body = d.body
+		r.bodyMut.Mutation = &r.bodyRep
+		r.common.BodyMutation = &r.bodyMut
+	}
+	r.body.Response = &r.common
+	r.reqBody.RequestBody = &r.body
+	r.resp.Response = &r.reqBody
+	return &r.resp
 }
 
 // sendRouting sends the routing reply for the request's body mode (epp.md §4.1, §4.2, §4.3).
 func (st *stream) sendRouting(d decision, headerOnly bool) error {
-	common := &extprocv3.CommonResponse{HeaderMutation: st.routingMutation(&d), ClearRouteCache: true}
 	md := st.s.destinationMetadata(st.dest)
 	if st.hdr.decision != "" {
 		md = lbMetadata(st.dest) // its own: the shared one is never modified
 		md.Fields[DecisionMetadataNamespace] = decisionMetadata(&d)
 	}
-	if !headerOnly && st.reqMode == filterv3.ProcessingMode_BUFFERED {
-		if d.rewritten {
-			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: d.body}}
-		}
-		err := st.send(&extprocv3.ProcessingResponse{
-			Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}},
-			DynamicMetadata: md,
-		})
+	buffered := !headerOnly && st.reqMode == filterv3.ProcessingMode_BUFFERED
+	reply := st.routingReply(&d, buffered)
+	reply.DynamicMetadata = md
+	err := st.send(reply)
+	if buffered {
 		st.s.metrics.pickDuration.Observe(time.Since(st.eosAt).Seconds())
 		return err
 	}
-	if err := st.send(&extprocv3.ProcessingResponse{
-		Response:        &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}},
-		DynamicMetadata: md,
-	}); err != nil {
+	if err != nil {
 		return err
 	}
 	st.s.metrics.pickDuration.Observe(time.Since(st.eosAt).Seconds())
@@ -1016,7 +1036,7 @@ func (st *stream) sendRouting(d decision, headerOnly bool) error {
 	for {
 		n := min(len(body), MaxStreamedChunkBytes)
 		last := n == len(body)
-		if err := st.send(streamedBody(body[:n], last && !st.trailers && !st.eosByLength)); err != nil {
+		if err := st.send(st.streamedBody(body[:n], last && !st.trailers && !st.eosByLength)); err != nil {
 			return err
 		}
 		body = body[n:]
@@ -1032,9 +1052,10 @@ func (st *stream) sendRouting(d decision, headerOnly bool) error {
 	return nil
 }
 
-// streamedBody is one request_body reply carrying a streamed_response chunk.
-func streamedBody(b []byte, eos bool) *extprocv3.ProcessingResponse {
-	return newStreamedReply(true, b, eos)
+// streamedBody is the stream's request_body reply carrying streamed_response chunk b (its reused
+// streamed reply: valid until the next reply is built).
+func (st *stream) streamedBody(b []byte, eos bool) *extprocv3.ProcessingResponse {
+	return st.streamed.build(true, b, eos)
 }
 
 // ---- response path ----
@@ -1071,7 +1092,7 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) error {
 	if st.s.cfg.ConformanceTestHooks {
 		mut = st.conformanceResponseHeaders()
 	}
-	if err := st.send(newResponseHeadersReply(mut)); err != nil {
+	if err := st.send(st.respHeaders.build(mut)); err != nil {
 		return err
 	}
 	if st.respMode == filterv3.ProcessingMode_NONE && st.respStatus < 400 {
@@ -1088,7 +1109,7 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 	st.respBytes += len(chunk)
 	var reply *extprocv3.ProcessingResponse
 	if st.respMode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		reply = newStreamedReply(false, chunk, b.GetEndOfStream())
+		reply = st.streamed.build(false, chunk, b.GetEndOfStream())
 	} else {
 		reply = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
 			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},

@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -43,6 +44,13 @@ import (
 	"github.com/kvepp/kvepp/picker/discovery"
 	"github.com/kvepp/kvepp/picker/httpapi"
 )
+
+// init draws every UUIDv4 of the process — two per exchange: the generated x-request-id and the
+// selection id of the booking — from google/uuid's pool of crypto/rand bytes, refilled every 16
+// ids, instead of a getrandom system call (and an allocation) each. The ids are as random; they
+// identify requests and reservations and protect nothing, so the pool's bytes on the heap are no
+// concern. EnableRandPool must run before any id is made, hence init of the composition root.
+func init() { uuid.EnableRandPool() }
 
 // SelectServiceCommand is the subcommand that runs only the HTTP selection service.
 const SelectServiceCommand = "select-service"

@@ -26,8 +26,9 @@ cleanup() {
 trap cleanup EXIT
 
 echo "loadbench: building kvepp, eppbench and the lightweight EPP in $work" >&2
-go build -o "$work/epp" ./cmd/epp
-go build -o "$work/eppbench" ./cmd/eppbench
+# -tags vtprotobuf as the Dockerfile builds cmd/epp (extproc/codec.go); eppbench's kvepp child too.
+go build -tags vtprotobuf -o "$work/epp" ./cmd/epp
+go build -tags vtprotobuf -o "$work/eppbench" ./cmd/eppbench
 (cd "$shared/tools/lwepppeer" && go build -o "$work/lwepppeer" .)
 
 for port in $((base + 2)) $((base + 102)); do

@@ -67,3 +67,5 @@ else
 fi
 
 go test -race -count=1 -timeout 15m ./...
+# The ext_proc server as the Dockerfile builds it: replies encoded by the generated vtprotobuf code.
+go test -race -count=1 -tags vtprotobuf ./extproc
