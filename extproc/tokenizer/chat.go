@@ -180,7 +180,7 @@ func (in *chatInput) decodeMessages() error {
 	if in.messages != nil {
 		return nil
 	}
-	v, err := decodeOrdered(in.messagesRaw)
+	v, err := decodeValid(in.messagesRaw)
 	if err != nil {
 		return &RequestError{Msg: "messages is not valid JSON", Err: err}
 	}

@@ -149,9 +149,10 @@ const runBytes = 4 << 10
 // them (asciiLetters), and looks the piece up by the same words masked to its length (pieceKey),
 // inlining get's first slot.
 func (st *shortTable) appendRun(s string, i int, dst []uint32, byteIDs *[256]int64, maxDigits, limit int) (int, []uint32) {
-	end := min(len(s)-16, i+runBytes)
-	for i <= end && len(dst) <= limit && cap(dst)-len(dst) >= inlineIDs {
-		w := s[i : i+16]
+	rest := s[i:]
+	stop, full := max(len(rest)-runBytes, 16), min(limit, cap(dst)-inlineIDs)
+	for len(rest) >= 16 && len(rest) >= stop && len(dst) <= full { // (the first test drops w's)
+		w := rest[:16]
 		w0, w1 := le64(w[:8]), le64(w[8:])
 		// The word: an optional space, then ASCII letters up to a byte that is neither (and is
 		// ASCII: else the letters may go on, which the scanner decides).
@@ -183,7 +184,7 @@ func (st *shortTable) appendRun(s string, i int, dst []uint32, byteIDs *[256]int
 			k := len(dst)
 			dst = dst[:k+1]
 			dst[k] = uint32(id)
-			i++
+			rest = rest[1:]
 			continue
 		}
 		a, b := w0&lowBytes(n), w1&lowBytes(n-8)
@@ -209,9 +210,9 @@ func (st *shortTable) appendRun(s string, i int, dst []uint32, byteIDs *[256]int
 		dst = dst[:k+3] // room checked above; the ids past the count are overwritten later
 		dst[k], dst[k+1], dst[k+2] = uint32(ids&idMask), uint32(ids>>idBits&idMask), uint32(ids>>(2*idBits)&idMask)
 		dst = dst[:k+int(m>>(metaShift+8)&3)]
-		i += n
+		rest = rest[n:]
 	}
-	return i, dst
+	return len(s) - len(rest), dst
 }
 
 // appendPacked appends the k (1 to inlineIDs) ids packed in ids to dst.
