@@ -173,8 +173,8 @@ type jsonParser struct {
 	data   []byte
 	pos    int
 	buf    []byte
-	values int // values built so far
-	limit  int // at most this many (0 = no bound: tokenizer files, not requests)
+	values int  // values built so far
+	limit  int  // at most this many (0 = no bound: tokenizer files, not requests)
 	valid  bool // the input is known to be valid JSON (decodeValid)
 }
 
