@@ -207,8 +207,8 @@ func (st *shortTable) appendRun(s string, i int, dst []uint32, byteIDs *[256]int
 			}
 		}
 		k := len(dst)
-		dst = dst[:k+3] // room checked above; the ids past the count are overwritten later
-		dst[k], dst[k+1], dst[k+2] = uint32(ids&idMask), uint32(ids>>idBits&idMask), uint32(ids>>(2*idBits)&idMask)
+		out := (*[inlineIDs]uint32)(dst[k : k+inlineIDs]) // room checked above; the ids past the count are overwritten later
+		out[0], out[1], out[2] = uint32(ids&idMask), uint32(ids>>idBits&idMask), uint32(ids>>(2*idBits)&idMask)
 		dst = dst[:k+int(m>>(metaShift+8)&3)]
 		rest = rest[n:]
 	}
