@@ -180,7 +180,7 @@ func (in *chatInput) decodeMessages() error {
 	if in.messages != nil {
 		return nil
 	}
-	v, err := decodeOrdered(in.messagesRaw)
+	v, err := decodeValid(in.messagesRaw)
 	if err != nil {
 		return &RequestError{Msg: "messages is not valid JSON", Err: err}
 	}
@@ -358,13 +358,20 @@ func conversation(messages []*jval, first int, openAI bool, images imageMode) (*
 		if role == nil || role.kind != jString {
 			return nil, badRequest("messages[%d].role is %s, want a string", i, role.typeName())
 		}
-		cparts, err := contentParts(m.get("content"), i, images)
-		if err != nil {
-			return nil, err
+		content := m.get("content")
+		var cparts []contentPart
+		if openAI || content == nil || content.kind != jString {
+			var err error
+			if cparts, err = contentParts(content, i, images); err != nil {
+				return nil, err
+			}
 		}
 		msg := newObject()
 		msg.set("role", role)
-		if openAI {
+		switch {
+		case !openAI && content != nil && content.kind == jString:
+			msg.set("content", content) // its one text part, as the join below makes it
+		case openAI:
 			parts := &jval{kind: jArray}
 			for _, cp := range cparts {
 				p := newObject()
@@ -381,7 +388,7 @@ func conversation(messages []*jval, first int, openAI bool, images imageMode) (*
 				parts.arr = append(parts.arr, p)
 			}
 			msg.set("content", parts)
-		} else {
+		default:
 			// vLLM's string format: the texts joined by "\n", each image's placeholder put in
 			// front of them (_get_full_multimodal_text_prompt).
 			var texts, marks []string

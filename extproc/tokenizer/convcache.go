@@ -420,7 +420,7 @@ func (r *convRequest) keyHashes() {
 func (r *convRequest) messages(k int) (*jval, error) {
 	msgs := make([]*jval, 0, len(r.ends)-k)
 	for i := k; i < len(r.ends); i++ {
-		v, err := decodeOrdered(r.in.messagesRaw[r.starts[i]:r.ends[i]])
+		v, err := decodeValid(r.in.messagesRaw[r.starts[i]:r.ends[i]])
 		if err != nil {
 			return nil, &RequestError{Msg: "messages is not valid JSON", Err: err}
 		}

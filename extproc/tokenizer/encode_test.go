@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -289,6 +291,58 @@ func TestConcurrentEncode(t *testing.T) {
 	for w := 0; w < 4; w++ {
 		if err := <-done; err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestEncodeRunMatchesPieceByPiece: the encoder's loop (appendScanned, whose appendRun takes ASCII
+// words and one-byte pieces sixteen bytes at a time through the piece cache's short table) gives
+// the ids of cutting the text with the scanner piece by piece and merging every piece without a
+// cache, for the Qwen2 (digits one by one) and Llama 3 (digits by three) patterns, with a cold and
+// a warm cache, over long random prose of words of every length up to past 16 bytes, digits,
+// punctuation, contractions, line breaks and non-ASCII letters (after words that are their ASCII
+// prefixes, so that a run cutting a word short would find the prefix cached).
+func TestEncodeRunMatchesPieceByPiece(t *testing.T) {
+	tk := qwen3(t)
+	words := []string{"a", "I", "the", "Paragraph", "blocks", "warm", "extraordinarily", "Incomprehensibilities",
+		"supercalifragilistic", "ab", "xyzzyxyzzyxyzzy", "WORD", "MiXeD", "café", "caf", "naïve", "na", "жук", "x",
+		"abcdefghijklmno", "abcdefghijklmnop", "abcdefghijklmnopq"}
+	seps := []string{" ", " ", " ", "  ", "\n", "\n\n", ", ", ". ", ": ", "; ", "'s ", "'re ", " '", "(", ")", "-",
+		"...", " 42 ", "7", " 2024", "3.14", "\t", " 🚀 ", "\u00a0", "'", "\"", "!", " ?", "$ ", "é"}
+	rng := rand.New(rand.NewSource(16))
+	var texts []string
+	for n := 0; n < 300; n++ {
+		var b strings.Builder
+		for b.Len() < 40+rng.Intn(600) {
+			w := words[rng.Intn(len(words))]
+			if rng.Intn(4) == 0 {
+				w = strings.Repeat(w, 1+rng.Intn(3))
+			}
+			b.WriteString(w)
+			b.WriteString(seps[rng.Intn(len(seps))])
+		}
+		texts = append(texts, b.String())
+	}
+	for _, sc := range []struct {
+		name      string
+		scan      scanFunc
+		maxDigits int
+	}{{"qwen2", scanQwen2, 1}, {"llama3", scanLlama3, 3}} {
+		pre := &preTokenizer{fast: sc.scan, asciiWords: true, maxDigits: sc.maxDigits, byteLevel: true}
+		tok := &Tokenizer{model: tk.model, addedRaw: tk.addedRaw, addedNorm: tk.addedNorm, pre: pre,
+			cache: newPieceCache(), idToToken: tk.idToToken, addedByID: tk.addedByID}
+		for _, name := range []string{"cold", "warm"} {
+			for k, s := range texts {
+				var want []uint32
+				for i := 0; i < len(s); {
+					j := sc.scan(s, i)
+					want = tk.model.encodeWord(s[i:j], want)
+					i = j
+				}
+				if got := tok.appendWords(s, true, nil); !slices.Equal(got, want) {
+					t.Fatalf("%s, %s cache, text %d %q:\n got %v\nwant %v", sc.name, name, k, s, got, want)
+				}
+			}
 		}
 	}
 }

@@ -130,6 +130,18 @@ func decodeOrdered(data []byte) (*jval, error) {
 	return v, err
 }
 
+// decodeValid is decodeOrdered for JSON known to be valid: a Request's members, which jsonscan
+// validated (ParseRequest) or the caller did (RequestFromMembers). A string is then looked through
+// only for its closing quote and for escapes, with the vectorised bytes.IndexByte: a prompt's text
+// runs for kilobytes, and valid JSON has no control characters to look for. Input that is not
+// valid after all is refused as decodeOrdered refuses it, except that a control character in a
+// string is kept.
+func decodeValid(data []byte) (*jval, error) {
+	p := jsonParser{data: data, limit: MaxJSONValues, valid: true}
+	v, err := p.document()
+	return v, err
+}
+
 // MaxJSONValues bounds the values (objects, arrays, strings, numbers, literals) one decode of a
 // request's JSON builds (250,000): every value is a tree node of about a hundred bytes, so a body
 // of millions of zeros in a field no template reads would otherwise cost gigabytes.
@@ -139,24 +151,31 @@ const MaxJSONValues = 250_000
 // built. More is an error.
 func decodeOrderedLimit(data []byte, limit int) (*jval, int, error) {
 	p := jsonParser{data: data, limit: limit}
+	v, err := p.document()
+	return v, p.values, err
+}
+
+// document parses exactly one JSON value, surrounded by optional whitespace.
+func (p *jsonParser) document() (*jval, error) {
 	p.skipWS()
 	v, err := p.value(0)
 	if err != nil {
-		return nil, p.values, err
+		return nil, err
 	}
 	p.skipWS()
 	if p.pos != len(p.data) {
-		return nil, p.values, p.errorf("unexpected data after the top-level JSON value")
+		return nil, p.errorf("unexpected data after the top-level JSON value")
 	}
-	return v, p.values, nil
+	return v, nil
 }
 
 type jsonParser struct {
 	data   []byte
 	pos    int
 	buf    []byte
-	values int // values built so far
-	limit  int // at most this many (0 = no bound: tokenizer files, not requests)
+	values int  // values built so far
+	limit  int  // at most this many (0 = no bound: tokenizer files, not requests)
+	valid  bool // the input is known to be valid JSON (decodeValid)
 }
 
 func (p *jsonParser) errorf(format string, args ...any) error {
@@ -329,8 +348,12 @@ func (p *jsonParser) str() (string, error) {
 	d := p.data
 	i := p.pos + 1
 	// Fast path: no escapes, no control characters, valid UTF-8.
-	start := i
-	i = jsonscan.StringSpecial(d, i)
+	start, quote := i, -1
+	if p.valid {
+		i = plainEnd(d, i, &quote)
+	} else {
+		i = jsonscan.StringSpecial(d, i)
+	}
 	if i < len(d) && d[i] == '"' {
 		if s := d[start:i]; utf8.Valid(s) {
 			p.pos = i + 1
@@ -342,7 +365,13 @@ func (p *jsonParser) str() (string, error) {
 	}
 	buf := append(p.buf[:0], d[start:i]...)
 	for i < len(d) {
-		if j := jsonscan.StringSpecial(d, i); j > i {
+		j := 0
+		if p.valid {
+			j = plainEnd(d, i, &quote)
+		} else {
+			j = jsonscan.StringSpecial(d, i)
+		}
+		if j > i {
 			buf = append(buf, d[i:j]...) // plain text up to the next quote, escape or control
 			i = j
 			continue
@@ -410,6 +439,24 @@ func (p *jsonParser) str() (string, error) {
 	}
 	p.pos = i
 	return "", p.errorf("unterminated string")
+}
+
+// plainEnd returns the offset of the first '"' or '\\' at or after i in valid JSON (where a
+// string's plain text ends), or len(d): two vectorised searches. *quote caches the offset of the
+// next '"' (or len(d)) from one call to the next, so that a string with many escapes is searched
+// for its quotes once, not once per escape.
+func plainEnd(d []byte, i int, quote *int) int {
+	if *quote < i {
+		q := bytes.IndexByte(d[i:], '"')
+		if q < 0 {
+			q = len(d) - i
+		}
+		*quote = i + q
+	}
+	if b := bytes.IndexByte(d[i:*quote], '\\'); b >= 0 {
+		return i + b
+	}
+	return *quote
 }
 
 func hex4(d []byte, i int) (rune, bool) {

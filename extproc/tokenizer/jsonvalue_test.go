@@ -97,3 +97,50 @@ func sameJSON(v *jval, ref any) bool {
 	}
 	return false
 }
+
+// TestDecodeValidAgreesWithDecodeOrdered: on valid JSON, decodeValid (which looks through strings
+// for quotes and escapes only) decodes what decodeOrdered decodes, for strings with escaped
+// quotes, backslashes, \u escapes, line-break escapes and invalid UTF-8 at every position of long
+// and short texts.
+func TestDecodeValidAgreesWithDecodeOrdered(t *testing.T) {
+	r := rand.New(rand.NewSource(5))
+	parts := []string{"plain text ", `\"`, `\\`, `\n`, `\u00e9`, `\ud83d\ude80`, "\xff", "é", `\/`, `\t`, "'", "<|im_end|>"}
+	docs := []string{`{"role":"user","content":"hi"}`, `["a","b\"c",{"k":"\\"}]`, `"\\\""`, `""`, `"\""`}
+	for i := 0; i < 3000; i++ {
+		var b strings.Builder
+		for k := r.Intn(40); k >= 0; k-- {
+			b.WriteString(parts[r.Intn(len(parts))])
+		}
+		docs = append(docs, `{"role":"user","content":"`+b.String()+`","x":["`+b.String()+`",1]}`)
+	}
+	for _, d := range docs {
+		want, err := decodeOrdered([]byte(d))
+		if err != nil {
+			t.Fatalf("%q: %v", d, err)
+		}
+		got, err := decodeValid([]byte(d))
+		if err != nil {
+			t.Fatalf("decodeValid(%q): %v", d, err)
+		}
+		if !sameJVal(got, want) {
+			t.Fatalf("%q: decodeValid and decodeOrdered differ", d)
+		}
+	}
+}
+
+func sameJVal(a, b *jval) bool {
+	if a.kind != b.kind || a.b != b.b || a.s != b.s || len(a.arr) != len(b.arr) || len(a.keys) != len(b.keys) {
+		return false
+	}
+	for i := range a.arr {
+		if !sameJVal(a.arr[i], b.arr[i]) {
+			return false
+		}
+	}
+	for i := range a.keys {
+		if a.keys[i] != b.keys[i] || !sameJVal(a.vals[i], b.vals[i]) {
+			return false
+		}
+	}
+	return true
+}

@@ -178,8 +178,9 @@ type preStep interface {
 type splitStep struct {
 	scan scanFunc // hand-written scanner, or nil
 	// llamaLike marks the Qwen2 and Llama 3 patterns, whose scanner takes an ASCII word (with an
-	// optional leading space) first (asciiWordEnd).
+	// optional leading space) first (asciiWordEnd); maxDigits is their digit run (1, 3).
 	llamaLike bool
+	maxDigits int
 	re        *regexMatcher // regexp2 fallback, or nil
 	literal   string        // String pattern, when scan and re are nil
 	behavior  splitBehavior
@@ -361,8 +362,10 @@ type preTokenizer struct {
 	steps []preStep
 	fast  scanFunc
 	// asciiWords is set when fast is a llama-like scanner (splitStep.llamaLike): the encoder then
-	// cuts ASCII words itself (asciiWordEnd) and calls fast for everything else.
+	// cuts ASCII words and one-byte pieces itself (asciiWordEnd, asciiSingle; maxDigits is the
+	// pattern's, 1 for Qwen2 and 3 for Llama 3) and calls fast for everything else.
 	asciiWords bool
+	maxDigits  int
 	byteLevel  bool // a ByteLevel step is present: the model's symbols are bytes, not characters
 	metaspace  bool // a Metaspace step is present (SentencePiece layout)
 }
@@ -386,7 +389,7 @@ func parsePreTokenizer(raw json.RawMessage) (*preTokenizer, error) {
 		s, ok1 := pt.steps[0].(*splitStep)
 		b, ok2 := pt.steps[1].(byteLevelStep)
 		if ok1 && ok2 && s.scan != nil && s.behavior == behIsolated && !s.invert && !b.addPrefixSpace && !b.useRegex {
-			pt.fast, pt.asciiWords = s.scan, s.llamaLike
+			pt.fast, pt.asciiWords, pt.maxDigits = s.scan, s.llamaLike, s.maxDigits
 		}
 	}
 	return pt, nil
@@ -437,7 +440,12 @@ func (pt *preTokenizer) add(raw json.RawMessage) error {
 		}
 		switch {
 		case q.Pattern.Regex != nil:
-			st.llamaLike = *q.Pattern.Regex == patternQwen2 || *q.Pattern.Regex == patternLlama3
+			switch *q.Pattern.Regex {
+			case patternQwen2:
+				st.llamaLike, st.maxDigits = true, 1
+			case patternLlama3:
+				st.llamaLike, st.maxDigits = true, 3
+			}
 			if st.scan = knownScanner(*q.Pattern.Regex); st.scan == nil {
 				re, err := newRegexMatcher(*q.Pattern.Regex)
 				if err != nil {

@@ -247,30 +247,48 @@ func asciiWordEnd(s string, i int) int {
 	return j
 }
 
+// highBits is the high bit of every byte of a word.
+const highBits = 0x8080808080808080
+
+// asciiLetters returns a word with the high bit set in every byte of w that is an ASCII letter
+// (A-Z, a-z) and no other bit: setting 0x20 folds the upper case onto the lower, and with the high
+// bit cleared each byte y is in 'a'..'z' when y+0x1f carries into the high bit and y+0x05 does
+// not (no sum reaches the next byte).
+func asciiLetters(w uint64) uint64 {
+	y := (w | 0x2020202020202020) & 0x7f7f7f7f7f7f7f7f
+	return (y + 0x1f1f1f1f1f1f1f1f) &^ (y + 0x0505050505050505) &^ w & highBits
+}
+
 // asciiSingleEnd returns i+1 for the one-byte pieces of ASCII prose that the cases of
-// scanLlamaLike after its first cut that way, found without them: a digit when numbers are cut
-// digit by digit (`\p{N}`, Qwen2), a space before a digit (`\s+` stopping before it), and
-// punctuation other than a quote before a space (` ?[^\s\p{L}\p{N}]+[\r\n]*`). 0 otherwise.
+// scanLlamaLike after its first cut that way, found without them (asciiSingle), 0 otherwise.
 func asciiSingleEnd(s string, i, maxDigits int) int {
-	c := s[i]
+	var next byte // 0 at the end: a byte no case takes
+	if i+1 < len(s) {
+		next = s[i+1]
+	}
+	if asciiSingle(s[i], next, maxDigits) {
+		return i + 1
+	}
+	return 0
+}
+
+// asciiSingle reports whether byte c, followed by next, is one of the one-byte pieces of ASCII
+// prose that the cases of scanLlamaLike after its first (an ASCII word) cut: a digit when numbers
+// are cut digit by digit (`\p{N}`, Qwen2), a space before a digit (`\s+` stopping before it), and
+// punctuation other than a quote before a space (` ?[^\s\p{L}\p{N}]+[\r\n]*`).
+func asciiSingle(c, next byte, maxDigits int) bool {
 	if c >= utf8.RuneSelf {
-		return 0
+		return false
 	}
 	switch asciiClass[c] {
 	case clsNumber:
-		if maxDigits == 1 {
-			return i + 1
-		}
+		return maxDigits == 1
 	case clsSpace:
-		if c == ' ' && i+1 < len(s) && s[i+1] < utf8.RuneSelf && asciiClass[s[i+1]] == clsNumber {
-			return i + 1
-		}
+		return c == ' ' && next < utf8.RuneSelf && asciiClass[next] == clsNumber
 	case clsOther:
-		if c != '\'' && i+1 < len(s) && s[i+1] == ' ' {
-			return i + 1
-		}
+		return c != '\'' && next == ' '
 	}
-	return 0
+	return false
 }
 
 func scanQwen2(s string, i int) int  { return scanLlamaLike(s, i, 1) }

@@ -132,7 +132,7 @@ func (r *Request) decode(key string) (*jval, error) {
 	if raw == nil {
 		return nil, nil
 	}
-	v, err := decodeOrdered(raw)
+	v, err := decodeValid(raw)
 	if err != nil {
 		return nil, &RequestError{Msg: key + " is not valid JSON", Err: err}
 	}
@@ -168,7 +168,7 @@ func (r *Request) optContainer(key string, open byte) (*jval, []byte, error) {
 		}
 		return nil, nil, badRequest("%s is %s, want %s", key, jsonscan.TypeName(raw), want)
 	}
-	v, err := decodeOrdered(raw)
+	v, err := decodeValid(raw)
 	if err != nil {
 		return nil, nil, &RequestError{Msg: key + " is not valid JSON", Err: err}
 	}

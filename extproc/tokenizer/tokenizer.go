@@ -436,22 +436,7 @@ func (t *Tokenizer) appendEncodedAt(text string, atStart, afterToken bool, dst [
 // reports whether s starts at offset 0 of the encoded text (Metaspace prepend_scheme "first").
 func (t *Tokenizer) appendWords(s string, first bool, dst []uint32) []uint32 {
 	if scan := t.pre.fast; scan != nil {
-		words := t.pre.asciiWords
-		for i := 0; i < len(s); {
-			j := -1
-			if words {
-				j = asciiWordEnd(s, i)
-			}
-			if j < 0 {
-				j = scan(s, i)
-			}
-			dst = t.appendPiece(s[i:j], dst)
-			if len(dst) > promptTokenLimit || t.stop.check(j-i) {
-				break
-			}
-			i = j
-		}
-		return dst
+		return t.appendScanned(s, scan, dst)
 	}
 	if cs := t.model.chars; cs != nil {
 		if len(t.pre.steps) == 0 {
@@ -472,13 +457,42 @@ func (t *Tokenizer) appendWords(s string, first bool, dst []uint32) []uint32 {
 	return dst
 }
 
+// appendScanned is appendWords for a pre-tokenizer that is one scanner (preTokenizer.fast): the
+// loop every byte of a Qwen, Llama 3 or GPT-2 prompt goes through. For a llama-like scanner the
+// common pieces are taken by appendRun, and the loop here encodes the piece it stops at.
+func (t *Tokenizer) appendScanned(s string, scan scanFunc, dst []uint32) []uint32 {
+	words, limit := t.pre.asciiWords, promptTokenLimit
+	for i := 0; i < len(s); {
+		if words {
+			j := i
+			if j, dst = t.cache.short.appendRun(s, i, dst, &t.model.byteIDs, t.pre.maxDigits, limit); j > i {
+				if len(dst) > limit || t.stop.check(j-i) || j == len(s) {
+					break
+				}
+				i = j
+			}
+		}
+		j := -1
+		if words {
+			j = asciiWordEnd(s, i)
+		}
+		if j < 0 {
+			j = scan(s, i)
+		}
+		if dst = t.appendPiece(s[i:j], dst); len(dst) > limit || t.stop.check(j-i) {
+			break
+		}
+		i = j
+	}
+	return dst
+}
+
 // appendCharWord encodes one pre-tokenized word of a SentencePiece-style model, cut into
 // independently encodable pieces (charSymbols.safeCut) that go through the piece cache.
 func (t *Tokenizer) appendCharWord(cs *charSymbols, w string, dst []uint32) []uint32 {
 	for i := 0; i < len(w); {
 		j := cs.safeCut(t.model, w, i)
 		p := w[i:j]
-		i = j
 		if t.stop.check(len(p)) {
 			break
 		}
@@ -486,25 +500,28 @@ func (t *Tokenizer) appendCharWord(cs *charSymbols, w string, dst []uint32) []ui
 			if dst = t.appendLongPiece(p, dst, t.model.encodeChars); len(dst) > promptTokenLimit {
 				break
 			}
+			i = j
 			continue
 		}
 		if len(p) == 1 && p[0] < utf8.RuneSelf {
 			if id := cs.ascii[p[0]]; id >= 0 {
 				dst = append(dst, uint32(id))
+				i = j
 				continue
 			}
 		}
-		if ids, ok := t.cache.get(p); ok {
-			dst = append(dst, ids...)
-			continue
+		var hit bool
+		if dst, hit = t.cache.appendCached(w, i, j, dst); !hit {
+			n := len(dst)
+			dst = t.model.encodeChars(p, dst)
+			t.cache.put(p, dst[n:])
 		}
-		n := len(dst)
-		dst = t.model.encodeChars(p, dst)
-		t.cache.put(p, dst[n:])
+		i = j
 	}
 	return dst
 }
 
+// appendPiece appends the ids of one pre-tokenized piece of a byte-level model.
 func (t *Tokenizer) appendPiece(p string, dst []uint32) []uint32 {
 	if len(p) == 1 {
 		if id := t.model.byteIDs[p[0]]; id >= 0 {
@@ -517,11 +534,20 @@ func (t *Tokenizer) appendPiece(p string, dst []uint32) []uint32 {
 	if len(p) > MaxExactPieceBytes {
 		return t.appendLongPiece(p, dst, t.model.encodeWord)
 	}
-	if ids, ok := t.cache.get(p); ok {
-		if len(ids) == 1 { // most words are one token: no copy call
-			return append(dst, ids[0])
+	if len(p) <= shortPiece {
+		a, b := pieceKey(p, 0, len(p))
+		if ids, k, hit := t.cache.short.get(a, b, len(p)); hit {
+			return appendPacked(dst, ids, k)
 		}
-		return append(dst, ids...)
+	}
+	return t.appendUncached(p, dst)
+}
+
+// appendUncached appends the ids of piece p (at most MaxExactPieceBytes, not in the piece cache's
+// short table) of a byte-level model: from the cache's long table, else encoded and cached.
+func (t *Tokenizer) appendUncached(p string, dst []uint32) []uint32 {
+	if out, hit := t.cache.appendLong(p, dst); hit {
+		return out
 	}
 	n := len(dst)
 	dst = t.model.encodeWord(p, dst)
