@@ -69,8 +69,8 @@ func (st *stream) moveBooking(served string) bool {
 	}
 	track := st.booked.TrackPrefillTokens
 	newID := uuid.NewString()
-	ctx := st.s.releaseCtx(st.ctx)
-	defer ctx.cancel()
+	ctx, cancel := st.s.releaseCtx(st.ctx)
+	defer cancel()
 	wid, rank := to.WorkerID, to.DPRank
 	_, err := st.s.cfg.Picker.Reserve(ctx, picker.ReservationRequest{
 		ModelName: st.booked.ModelName, RoutingGroup: st.booked.RoutingGroup, SelectionID: newID,

@@ -241,8 +241,7 @@ func (s *Server) putBuf(b *[]byte) {
 }
 
 // releaseCtx is the context for Free / PrefillComplete calls: the stream's values without its
-// cancellation, bounded by ReleaseTimeout (a releaseContext, whose timer starts only if the callee
-// waits on it).
-func (s *Server) releaseCtx(parent context.Context) *releaseContext {
-	return newReleaseContext(parent, s.cfg.ReleaseTimeout)
+// cancellation, bounded by ReleaseTimeout.
+func (s *Server) releaseCtx(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(parent), s.cfg.ReleaseTimeout)
 }

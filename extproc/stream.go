@@ -914,8 +914,8 @@ func (st *stream) prefillComplete() {
 	if !st.bk.state.CompareAndSwap(bookingLive, bookingPrefilled) {
 		return
 	}
-	ctx := st.s.releaseCtx(st.ctx)
-	defer ctx.cancel()
+	ctx, cancel := st.s.releaseCtx(st.ctx)
+	defer cancel()
 	if err := st.s.cfg.Picker.PrefillComplete(ctx, st.bk.id); err != nil {
 		st.s.log.Debug().Err(err).Str("selection_id", st.bk.id).Msg("prefill_complete failed")
 	}
@@ -933,8 +933,8 @@ func (st *stream) free() {
 		}
 	}
 	st.s.metrics.activeReservations.Add(-1)
-	ctx := st.s.releaseCtx(st.ctx)
-	defer ctx.cancel()
+	ctx, cancel := st.s.releaseCtx(st.ctx)
+	defer cancel()
 	if err := st.s.cfg.Picker.Free(ctx, st.bk.id); err != nil {
 		st.s.log.Debug().Err(err).Str("selection_id", st.bk.id).Msg("free failed")
 	}
