@@ -359,8 +359,10 @@ func conversation(messages []*jval, first int, openAI bool, images imageMode) (*
 			return nil, badRequest("messages[%d].role is %s, want a string", i, role.typeName())
 		}
 		content := m.get("content")
+		// A plain string content in vLLM's string format is its own one text part: reused as is.
+		plain := !openAI && content != nil && content.kind == jString
 		var cparts []contentPart
-		if openAI || content == nil || content.kind != jString {
+		if !plain {
 			var err error
 			if cparts, err = contentParts(content, i, images); err != nil {
 				return nil, err
@@ -369,8 +371,8 @@ func conversation(messages []*jval, first int, openAI bool, images imageMode) (*
 		msg := newObject()
 		msg.set("role", role)
 		switch {
-		case !openAI && content != nil && content.kind == jString:
-			msg.set("content", content) // its one text part, as the join below makes it
+		case plain:
+			msg.set("content", content) // as the join below would make it
 		case openAI:
 			parts := &jval{kind: jArray}
 			for _, cp := range cparts {

@@ -490,8 +490,8 @@ func (t *Tokenizer) appendScanned(s string, scan scanFunc, dst []uint32) []uint3
 // appendCharWord encodes one pre-tokenized word of a SentencePiece-style model, cut into
 // independently encodable pieces (charSymbols.safeCut) that go through the piece cache.
 func (t *Tokenizer) appendCharWord(cs *charSymbols, w string, dst []uint32) []uint32 {
-	for i := 0; i < len(w); {
-		j := cs.safeCut(t.model, w, i)
+	for i, j := 0, 0; i < len(w); i = j {
+		j = cs.safeCut(t.model, w, i)
 		p := w[i:j]
 		if t.stop.check(len(p)) {
 			break
@@ -500,13 +500,11 @@ func (t *Tokenizer) appendCharWord(cs *charSymbols, w string, dst []uint32) []ui
 			if dst = t.appendLongPiece(p, dst, t.model.encodeChars); len(dst) > promptTokenLimit {
 				break
 			}
-			i = j
 			continue
 		}
 		if len(p) == 1 && p[0] < utf8.RuneSelf {
 			if id := cs.ascii[p[0]]; id >= 0 {
 				dst = append(dst, uint32(id))
-				i = j
 				continue
 			}
 		}
@@ -516,7 +514,6 @@ func (t *Tokenizer) appendCharWord(cs *charSymbols, w string, dst []uint32) []ui
 			dst = t.model.encodeChars(p, dst)
 			t.cache.put(p, dst[n:])
 		}
-		i = j
 	}
 	return dst
 }
