@@ -177,9 +177,9 @@ type preStep interface {
 
 type splitStep struct {
 	scan scanFunc // hand-written scanner, or nil
-	// llamaLike marks the Qwen2 and Llama 3 patterns, whose scanner takes an ASCII word (with an
-	// optional leading space) first (asciiWordEnd); maxDigits is their digit run (1, 3).
-	llamaLike bool
+	// maxDigits is set for the Qwen2 and Llama 3 patterns ("llama-like"), whose scanner takes an
+	// ASCII word (with an optional leading space) first (asciiWordEnd): their digit run (1, 3); 0
+	// for every other pattern.
 	maxDigits int
 	re        *regexMatcher // regexp2 fallback, or nil
 	literal   string        // String pattern, when scan and re are nil
@@ -361,7 +361,7 @@ func (d digitsStep) apply(pieces []string, first bool, dst []string) ([]string, 
 type preTokenizer struct {
 	steps []preStep
 	fast  scanFunc
-	// asciiWords is set when fast is a llama-like scanner (splitStep.llamaLike): the encoder then
+	// asciiWords is set when fast is a llama-like scanner (splitStep.maxDigits > 0): the encoder then
 	// cuts ASCII words and one-byte pieces itself (asciiWordEnd, asciiSingle; maxDigits is the
 	// pattern's, 1 for Qwen2 and 3 for Llama 3) and calls fast for everything else.
 	asciiWords bool
@@ -389,7 +389,7 @@ func parsePreTokenizer(raw json.RawMessage) (*preTokenizer, error) {
 		s, ok1 := pt.steps[0].(*splitStep)
 		b, ok2 := pt.steps[1].(byteLevelStep)
 		if ok1 && ok2 && s.scan != nil && s.behavior == behIsolated && !s.invert && !b.addPrefixSpace && !b.useRegex {
-			pt.fast, pt.asciiWords, pt.maxDigits = s.scan, s.llamaLike, s.maxDigits
+			pt.fast, pt.asciiWords, pt.maxDigits = s.scan, s.maxDigits > 0, s.maxDigits
 		}
 	}
 	return pt, nil
@@ -442,9 +442,9 @@ func (pt *preTokenizer) add(raw json.RawMessage) error {
 		case q.Pattern.Regex != nil:
 			switch *q.Pattern.Regex {
 			case patternQwen2:
-				st.llamaLike, st.maxDigits = true, 1
+				st.maxDigits = 1
 			case patternLlama3:
-				st.llamaLike, st.maxDigits = true, 3
+				st.maxDigits = 3
 			}
 			if st.scan = knownScanner(*q.Pattern.Regex); st.scan == nil {
 				re, err := newRegexMatcher(*q.Pattern.Regex)
