@@ -231,6 +231,10 @@ models:
 		{"a missing type is rejected", "worker_selection: {instances: [{name: a}]}\n", "type is required"},
 		{"list parameters are rejected", "worker_selection: {instances: [{name: a, type: t, parameters: [1, 2]}]}\n", "parameters must be a mapping"},
 		{"scalar parameters are rejected", "worker_selection: {instances: [{name: a, type: t, parameters: 3}]}\n", "parameters must be a mapping"},
+		{"a NaN parameter is named with its line", "worker_selection:\n  instances:\n    - name: p\n      type: predicted-ttft\n      parameters: {delay_weight: 1, sticky_weight: .nan}\n",
+			"worker_selection.instances[0].parameters.sticky_weight (line 5) is .nan: numbers must be finite"},
+		{"an infinite policy-class value is named", "policy_classes: [{name: a, quantum: 1, prefill_busy_threshold_frac: -.Inf}]\n",
+			"policy_classes[0].prefill_busy_threshold_frac (line 1) is -.Inf: numbers must be finite"},
 		{"a default naming no instance is rejected", "worker_selection: {default: b, instances: [{name: a, type: t}]}\n", `worker_selection.default "b" does not name a configured instance (configured: a)`},
 	}
 	for _, tc := range errCases {

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"sort"
 	"strings"
 
+	yamlv3 "go.yaml.in/yaml/v3"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvepp/kvepp/picker/queue"
@@ -101,6 +103,9 @@ func ValidName(name string) bool { return nameRule.MatchString(name) }
 func ParseConfig(data []byte) (*Config, error) {
 	var c Config
 	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		if nf := nonFinite(data); nf != nil {
+			return nil, fmt.Errorf("policy config: %w", nf)
+		}
 		return nil, fmt.Errorf("policy config: %w", err)
 	}
 	if c.WorkerSelection != nil {
@@ -112,6 +117,52 @@ func ParseConfig(data []byte) (*Config, error) {
 		return nil, fmt.Errorf("policy config: %w", err)
 	}
 	return &c, nil
+}
+
+// nonFinite returns an error naming the first YAML float that is not finite (.nan, .inf, -.inf)
+// in data, with its key path and line, or nil when there is none (or data does not parse). The
+// YAML-to-JSON conversion ParseConfig decodes through refuses such a value with only "json:
+// unsupported value: NaN", which names neither the key nor the instance; this is called on that
+// failure to say which one it was.
+func nonFinite(data []byte) error {
+	var root yamlv3.Node
+	if yamlv3.Unmarshal(data, &root) != nil {
+		return nil
+	}
+	var walk func(n *yamlv3.Node, path string) error
+	walk = func(n *yamlv3.Node, path string) error {
+		switch n.Kind {
+		case yamlv3.DocumentNode:
+			for _, c := range n.Content {
+				if err := walk(c, path); err != nil {
+					return err
+				}
+			}
+		case yamlv3.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				key := n.Content[i].Value
+				if path != "" {
+					key = path + "." + key
+				}
+				if err := walk(n.Content[i+1], key); err != nil {
+					return err
+				}
+			}
+		case yamlv3.SequenceNode:
+			for i, c := range n.Content {
+				if err := walk(c, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+					return err
+				}
+			}
+		case yamlv3.ScalarNode:
+			var f float64
+			if n.ShortTag() == "!!float" && n.Decode(&f) == nil && (math.IsNaN(f) || math.IsInf(f, 0)) {
+				return fmt.Errorf("%s (line %d) is %s: numbers must be finite", path, n.Line, n.Value)
+			}
+		}
+		return nil
+	}
+	return walk(&root, "")
 }
 
 // LoadConfigFile reads and parses the policy configuration at path (DYN_ROUTER_POLICY_CONFIG).

@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strings"
 
+	yamlv3 "go.yaml.in/yaml/v3"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvepp/kvepp/catalog"
@@ -112,6 +114,11 @@ func addParam(e *policyEntry, kv string) error {
 	}
 	var val any
 	if err := yaml.Unmarshal([]byte(strings.TrimSpace(v)), &val); err != nil {
+		// .nan and .inf are YAML floats, but the YAML-to-JSON conversion refuses them: say so.
+		var f float64
+		if yamlv3.Unmarshal([]byte(strings.TrimSpace(v)), &f) == nil && (math.IsNaN(f) || math.IsInf(f, 0)) {
+			return fmt.Errorf("%s: parameter %q: value %q is not a finite number", e.source(), k, v)
+		}
 		return fmt.Errorf("%s: parameter %q: value %q is not a YAML scalar: %v", e.source(), k, v, err)
 	}
 	switch val.(type) {
