@@ -1080,6 +1080,37 @@ func TestProtocolViolationsAreGRPCErrors(t *testing.T) {
 	}
 }
 
+// TestEmptyProcessingRequestIsAGRPCError: a message that sets no request (nor one this build
+// knows) cannot be answered; it ends the stream with InvalidArgument instead of leaving the
+// proxy waiting for a reply, before the request headers and after a routed request alike, and
+// the routed request's booking is freed.
+func TestEmptyProcessingRequestIsAGRPCError(t *testing.T) {
+	h := newHarness(t, nil)
+	for _, routed := range []bool{false, true} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ps, err := h.client.Open(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if routed {
+			_ = ps.Send(extproctest.RequestHeaders(false, extproctest.Header{Key: ":method", Value: "POST"},
+				extproctest.Header{Key: ":path", Value: "/v1/chat/completions"}))
+			_ = ps.Send(extproctest.RequestBody(chatBody(100), true))
+			for range 2 { // the routing reply and the re-streamed body
+				if _, err := ps.Recv(); err != nil {
+					t.Fatalf("routing: %v", err)
+				}
+			}
+		}
+		_ = ps.Send(&extprocv3.ProcessingRequest{})
+		if _, err := ps.Recv(); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("routed %v: empty message: err = %v, want InvalidArgument", routed, err)
+		}
+		cancel()
+	}
+	h.pk.waitSettled(t)
+}
+
 func TestNewServerValidatesItsConfig(t *testing.T) {
 	for _, tc := range []struct {
 		name string

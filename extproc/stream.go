@@ -278,7 +278,11 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 		st.noteResponseMetadata(req)
 		return st.onResponseTrailers()
 	}
-	return nil
+	// No request message set (or one this build does not know): Envoy waits for a reply to every
+	// message it sends, and there is nothing to reply to, so end the stream with an error rather
+	// than leave it (and Envoy) waiting for good.
+	st.phase = phaseProtocolError
+	return status.Error(codes.InvalidArgument, "ProcessingRequest carries none of request_headers, request_body, request_trailers, response_headers, response_body, response_trailers")
 }
 
 // noteRequestMetadata keeps the last request-phase filter metadata seen before routing (epp.md §5.1).
