@@ -334,7 +334,7 @@ func (l *listener) recoverGap(to uint64, start bool) {
 	}
 	if l.expected < to {
 		lost := to - l.expected
-		l.m.stats.lostBatches.Add(lost)
+		l.m.stats.addLost(lost)
 		if start && l.cfg.endpoints.replay == "" {
 			l.log.Info().Uint64("seq", to).Uint64("earlier_batches", lost).
 				Msg("KV event subscription starts at this seq; earlier batches were published before kvepp subscribed (a replay endpoint would fetch them)")
@@ -412,7 +412,7 @@ func (l *listener) replay(to uint64) {
 		}
 		if seq > l.expected {
 			lost := seq - l.expected
-			l.m.stats.lostBatches.Add(lost)
+			l.m.stats.addLost(lost)
 			rlog.Warn().Uint64("missing_from", l.expected).Uint64("missing_to", seq).
 				Msg("KV event replay buffer no longer holds part of the gap")
 		}

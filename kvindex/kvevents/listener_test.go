@@ -2,6 +2,7 @@ package kvevents_test
 
 import (
 	"encoding/binary"
+	"math"
 	"net"
 	"slices"
 	"testing"
@@ -76,6 +77,26 @@ func TestListenerGapWithoutReplayIsCountedAndApplied(t *testing.T) {
 	}
 	if d := deviceDepth(ix, w1, 0, 2, 2); d != 2 {
 		t.Errorf("the batch after the gap was not applied: depth %d", d)
+	}
+}
+
+// Two publishers each jumping their seq to near 2^64 lose about 2^64 batches between them: the
+// counter must saturate, not wrap to a small number (Prometheus reads a counter going down as a
+// reset).
+func TestLostBatchesSaturatesInsteadOfWrapping(t *testing.T) {
+	m := newManager(t, kvevents.ManagerConfig{})
+	ix := kvindex.New(kvindex.Config{BlockSize: testBS})
+	const jump = math.MaxUint64 - 1
+	for _, w := range []uint64{w1, w1 + 1} {
+		pub := kt.New(t, kt.Options{})
+		attachPublisher(t, m, pub, w, ix)
+		pub.Publish(storeChain(uint32(w), 0, 1))
+		waitNextSeq(t, m, w, 0, 1)
+		pub.PublishSeq(jump, storeChain(uint32(w)+10, 0, 1))
+		waitNextSeq(t, m, w, 0, jump+1)
+	}
+	if st := m.Stats(); st.Gaps != 2 || st.LostBatches != math.MaxUint64 {
+		t.Errorf("gaps = %d lost = %d, want 2 gaps and a saturated count %d", st.Gaps, st.LostBatches, uint64(math.MaxUint64))
 	}
 }
 

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 
 	"github.com/kvepp/kvepp/kvindex"
@@ -104,7 +105,9 @@ type Stats struct {
 	// Gaps counts sequence gaps detected (seq > expected), including a fresh listener's first
 	// seq > 0.
 	Gaps uint64
-	// LostBatches counts sequence numbers that were neither received live nor replayed.
+	// LostBatches counts sequence numbers that were neither received live nor replayed. It
+	// saturates at 2^64−1: a publisher jumping its seq near 2^64 must not wrap the counter (a
+	// Prometheus counter that goes down reads as a reset).
 	LostBatches uint64
 	// ReplaysOK, ReplaysFailed and ReplaysTimeout count replay requests (§6) that ended with the
 	// END marker, failed (dial error, malformed reply), or hit the replay timeout.
@@ -145,6 +148,20 @@ type counters struct {
 	reconnects        atomic.Uint64
 	ranksCleared      atomic.Uint64
 	namespaceOverflow atomic.Uint64
+}
+
+// addLost adds n lost batches to lostBatches, saturating at math.MaxUint64 instead of wrapping.
+func (c *counters) addLost(n uint64) {
+	for {
+		old := c.lostBatches.Load()
+		sum := old + n
+		if sum < old {
+			sum = math.MaxUint64
+		}
+		if c.lostBatches.CompareAndSwap(old, sum) {
+			return
+		}
+	}
 }
 
 func (c *counters) snapshot() Stats {
