@@ -398,7 +398,12 @@ func writeLoadTable(out io.Writer, cells []*loadCell, targets []loadTarget) {
 			if c.Errors > 0 {
 				pct += fmt.Sprintf(" (%d errors)", c.Errors)
 			}
-			f = append(f, pct, fmt.Sprintf("%.3f / %.3f", c.DecisionP50Ms, c.DecisionP99Ms), fmt.Sprintf("%.3f / %.3f", c.ExchangeP50Ms, c.ExchangeP99Ms))
+			decision, exchange := "-", "-" // no exchange succeeded: there is no latency to show
+			if c.Exchanges > 0 {
+				decision = fmt.Sprintf("%.3f / %.3f", c.DecisionP50Ms, c.DecisionP99Ms)
+				exchange = fmt.Sprintf("%.3f / %.3f", c.ExchangeP50Ms, c.ExchangeP99Ms)
+			}
+			f = append(f, pct, decision, exchange)
 		}
 		fl := row[len(row)-1]
 		for _, c := range row[:len(row)-1] {

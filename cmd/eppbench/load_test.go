@@ -195,3 +195,24 @@ func TestLoadFlagsRefuseAmbiguousTargets(t *testing.T) {
 		}
 	}
 }
+
+// A target whose every exchange failed has no latencies: its row shows "-" there, not 0.000 ms
+// that reads like a measurement.
+func TestLoadTableShowsNoLatencyWithoutExchanges(t *testing.T) {
+	targets := []loadTarget{{Name: "kvepp"}, {Name: "lwepp"}}
+	cells := []*loadCell{
+		{Body: "chat-long", Turns: 1, BodyBytes: 12000, Concurrency: 8, Target: "kvepp", Errors: 40},
+		{Body: "chat-long", Turns: 1, BodyBytes: 12000, Concurrency: 8, Target: "lwepp", Exchanges: 100,
+			PerSecond: 50, DecisionP50Ms: 0.4, DecisionP99Ms: 1.5, ExchangeP50Ms: 2, ExchangeP99Ms: 7},
+	}
+	var out strings.Builder
+	writeLoadTable(&out, cells, targets)
+	rows := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(rows) != 3 {
+		t.Fatalf("table has %d lines, want 3:\n%s", len(rows), out.String())
+	}
+	row := rows[2]
+	if !strings.Contains(row, "| 0 (40 errors) | - | - | 50 | 0.400 / 1.500 | 2.000 / 7.000 |") {
+		t.Errorf("row %q: the failed target must show no latencies, the other its own", row)
+	}
+}
