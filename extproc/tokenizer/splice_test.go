@@ -5,9 +5,12 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/kvepp/kvepp/internal/benchbody"
 	"github.com/kvepp/kvepp/internal/sharedtest"
 )
 
@@ -210,5 +213,91 @@ func TestSkeletonRejectsStandInInTemplateText(t *testing.T) {
 	full, got, s := fullAndRendered(t, tk, tmpl, []byte(body))
 	if s || got != full {
 		t.Fatalf("spliced %v, equal %v; want a full render", s, got == full)
+	}
+}
+
+// TestChatPromptUniqueAllocs bounds the allocations of BenchmarkChatPromptUnique's request (the
+// runner's tokenization of a 12 KB chat whose last message is unique): the spliced render made
+// 46 of them where the full jinja render made 123, so a change back to a full render on this path
+// fails here.
+func TestChatPromptUniqueAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	tk := qwen3(t)
+	raw, _ := chatLongBody(t)
+	body, err := benchbody.New(raw, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := NewConversationCache(128 << 20)
+	buf := make([]byte, 0, len(body.Raw)+64)
+	i := uint64(0)
+	allocs := testing.AllocsPerRun(20, func() {
+		i++
+		buf = body.AppendUnique(buf[:0], "allocs", i)
+		uniquePrompt(t, tk, cache, buf)
+	})
+	if allocs > 60 {
+		t.Fatalf("%.0f allocations per request, want at most 60", allocs)
+	}
+}
+
+// TestSplicedRenderConcurrent runs the differential comparison from several goroutines at once on
+// one template (its skeleton cache shared; meant for -race).
+func TestSplicedRenderConcurrent(t *testing.T) {
+	tk := qwen3(t)
+	tmpl, _ := tk.chat.pick(false)
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func(seed int64) {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(seed))
+			for i := 0; i < 100; i++ {
+				body := randomSpliceBody(rng)
+				if strings.Contains(string(body), `"tools"`) {
+					continue
+				}
+				in, _, _ := chatRequest(body)
+				got, err := tk.render(in)
+				in2, _, _ := chatRequest(body)
+				_ = in2.decodeMessages()
+				conv, _ := conversation(in2.messages.arr, 0, false, in2.images)
+				full, err2 := tk.renderTemplate(tmpl, in2, conv, nil, in2.addGenerationPrompt)
+				if err != nil || err2 != nil || got != full {
+					errs <- string(body)
+					return
+				}
+			}
+		}(int64(g))
+	}
+	wg.Wait()
+	close(errs)
+	for b := range errs {
+		t.Errorf("spliced render differs for %s", b)
+	}
+}
+
+// TestSkeletonCacheBound checks that a skeleton cache never holds more than maxSkeletonBytes and
+// refuses a single shape of more than a quarter of it.
+func TestSkeletonCacheBound(t *testing.T) {
+	var c skeletonCache
+	sk := &skeleton{pieces: []string{strings.Repeat("p", 1000)}, size: 1000}
+	for i := 0; i < 5000; i++ {
+		key := []byte(strings.Repeat("k", 100) + strconv.Itoa(i))
+		c.put(key, sk)
+		if c.bytes > maxSkeletonBytes {
+			t.Fatalf("after %d puts the cache holds %d bytes, more than %d", i+1, c.bytes, maxSkeletonBytes)
+		}
+		if c.get(key) != sk {
+			t.Fatalf("put %d not found right after", i)
+		}
+	}
+	huge := &skeleton{size: maxSkeletonBytes / 2}
+	c.put([]byte("huge"), huge)
+	if c.get([]byte("huge")) != nil {
+		t.Fatal("a skeleton of half the bound was kept")
 	}
 }
