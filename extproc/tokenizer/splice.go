@@ -61,10 +61,30 @@ type spliceProof struct {
 //     (names are keyed too; tool_call_id is not: the template never reads it), so they are the
 //     same in the skeleton render. The template never calls strftime_now.
 //
-// Not proven (full render): every other template, and Qwen3 conversations with an assistant
-// message (its content is split at '</think>', stripped and tested for truthiness).
+// Phi-3 (digest as in provenTemplates): the loop prints a system, user or assistant message as
+// '<|' + tag + '|>\n' + message['content'] + '<|end|>\n' from its role and content alone (content
+// verbatim, once); no other expression reads the content, and nothing reads any other field, so
+// a message of those roles with a string content is covered whatever else it holds (tool_calls,
+// reasoning …). A message of another role prints nothing: its stand-in would not occur, so such a
+// conversation is not covered (ok false). The rest is add_generation_prompt and eos_token (keyed).
+//
+// Not proven (full render): every other template (Gemma's content | trim, Mistral's and Llama 2's
+// raise_exception over roles and their loop.index0-dependent folding have not been worked
+// through), and Qwen3 conversations with an assistant message (its content is split at
+// '</think>', stripped and tested for truthiness).
 var splicedTemplates = map[string]*spliceProof{
 	"87a2728cb8dc9fe424d624542f6060ec05a1d285ebbec578bb078900e33396b5": {name: "qwen3", ok: qwen3SpliceOK},
+	"dcaee66df77bfbb789ec541fe713218da30225a526f1db97138fc39ee6dc56aa": {name: "phi3", ok: phi3SpliceOK},
+}
+
+// phi3SpliceOK: a system, user or assistant message with a string content (see
+// splicedTemplates).
+func phi3SpliceOK(m *jval) bool {
+	role, content := m.get("role"), m.get("content")
+	if role == nil || role.kind != jString || content == nil || content.kind != jString {
+		return false
+	}
+	return role.s == "system" || role.s == "user" || role.s == "assistant"
 }
 
 // qwen3SpliceOK: a system, user or tool message as conversation() makes it, which a stand-in

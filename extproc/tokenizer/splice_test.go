@@ -301,3 +301,45 @@ func TestSkeletonCacheBound(t *testing.T) {
 		t.Fatal("a skeleton of half the bound was kept")
 	}
 }
+
+// TestSplicedRenderMatchesFullPhi3 is the differential test for the Phi-3 proof: random
+// conversations of all roles (an unknown one, tool, and assistants with tool calls and reasoning
+// included) render spliced exactly as in full, and the covered ones are spliced.
+func TestSplicedRenderMatchesFullPhi3(t *testing.T) {
+	file, special := familySpecial(t, "phi3")
+	tk := withTemplate(t, qwen3(t), file, special)
+	tmpl, err := tk.chat.pick(false)
+	if err != nil || tmpl.splice == nil || tmpl.splice.name != "phi3" {
+		t.Fatalf("the Phi-3 template has no splice proof (err %v)", err)
+	}
+	rng := rand.New(rand.NewSource(3))
+	roles := []string{"system", "user", "assistant", "assistant", "tool", "developer"}
+	spliced, total := 0, 1000
+	for i := 0; i < total; i++ {
+		var msgs []map[string]any
+		for k := 0; k < 1+rng.Intn(5); k++ {
+			role := roles[rng.Intn(len(roles)-2)]
+			if rng.Intn(15) == 0 {
+				role = roles[4+rng.Intn(2)]
+			}
+			m := map[string]any{"role": role, "content": spliceContents[rng.Intn(len(spliceContents))] + spliceContents[rng.Intn(len(spliceContents))]}
+			if role == "assistant" && rng.Intn(3) == 0 {
+				m["tool_calls"] = []any{map[string]any{"function": map[string]any{"name": "f", "arguments": `{"a":1}`}}}
+				m["reasoning_content"] = "r"
+			}
+			msgs = append(msgs, m)
+		}
+		body := map[string]any{"messages": msgs, "add_generation_prompt": rng.Intn(2) == 0}
+		raw, _ := json.Marshal(body)
+		full, got, s := fullAndRendered(t, tk, tmpl, raw)
+		if got != full {
+			t.Fatalf("body %s:\nrendered %q\nfull     %q", raw, got, full)
+		}
+		if s {
+			spliced++
+		}
+	}
+	if spliced < total/2 {
+		t.Fatalf("only %d of %d conversations were spliced", spliced, total)
+	}
+}
