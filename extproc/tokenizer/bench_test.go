@@ -30,7 +30,7 @@ func reportTokens(b *testing.B, tokens int, cpu0 time.Duration) {
 	}
 }
 
-func chatLongBody(b *testing.B) ([]byte, int) {
+func chatLongBody(b testing.TB) ([]byte, int) {
 	b.Helper()
 	for _, v := range sharedtest.RequestVectors(b) {
 		if v.Name == "chat-long" {

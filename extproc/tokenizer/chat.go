@@ -37,6 +37,10 @@ type chatTemplate struct {
 	// splits are the template's str.split call sites, checked against MaxTemplateSplitValues
 	// before every render.
 	splits splitBudget
+	// splice is the template's splice proof (nil: none, every render is a full one) and
+	// skeletons its memoized stand-in renders (splice.go).
+	splice    *spliceProof
+	skeletons skeletonCache
 }
 
 // chatConfig is the chat part of tokenizer_config.json.
@@ -56,8 +60,9 @@ func compileChatTemplate(name, src string) (*chatTemplate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("compile chat template %q: %w", name, err)
 	}
+	digest := templateDigest(src)
 	return &chatTemplate{name: name, tmpl: tmpl, texts: pt.texts, openAIContent: contentLoopRE.MatchString(src),
-		plan: provenTemplates[templateDigest(src)], cacheID: cacheIDs.Add(1), splits: parseSplitBudget(src)}, nil
+		plan: provenTemplates[digest], splice: splicedTemplates[digest], cacheID: cacheIDs.Add(1), splits: parseSplitBudget(src)}, nil
 }
 
 func parseChatConfig(cfgData, jinjaFile []byte) (*chatConfig, error) {
@@ -232,6 +237,15 @@ func (t *Tokenizer) renderConversation(tmpl *chatTemplate, in *chatInput, conv *
 	if err := tmpl.splits.check(conv, tools, in.kwargs); err != nil {
 		return "", err
 	}
+	if out, ok := t.spliced(tmpl, in, conv, tools, addGenerationPrompt); ok {
+		return out, nil
+	}
+	return t.renderTemplate(tmpl, in, conv, tools, addGenerationPrompt)
+}
+
+// renderTemplate is renderConversation's full jinja render, tools already dumped and the split
+// budget checked.
+func (t *Tokenizer) renderTemplate(tmpl *chatTemplate, in *chatInput, conv, tools *jval, addGenerationPrompt bool) (string, error) {
 	vb := &valueBuilder{}
 	// Sized for every variable set below: a map grown past its hint rehashes on every render.
 	nvars := len(t.chat.specialTokens) + renderVars

@@ -9,7 +9,11 @@
 //     model_dump()s, images marked for routing by their text prefix, images.go).
 //  2. chat input → prompt text: the chat template through github.com/ardanlabs/jinja configured
 //     like transformers' jinja2 (template.go resolves whitespace control with jinja2's lexer
-//     rules; tojson.go is a Python-exact tojson; strftime.go a Python-exact strftime_now).
+//     rules; tojson.go is a Python-exact tojson; strftime.go a Python-exact strftime_now). For
+//     templates proven to print message contents verbatim (splicedTemplates, by source digest:
+//     Qwen3's system/user/tool conversations, Phi-3), splice.go renders a conversation's shape
+//     once with stand-in contents and splices the real contents into it, byte-identical to the
+//     full render; anything else renders in full.
 //  3. prompt text → ids (tokenizer.go): added tokens matched leftmost-longest in the raw text with
 //     their flags (added.go); the normalizer per segment between them (pipeline.go,
 //     sentencepiece.go: NFC/NFD/NFKC/NFKD, Lowercase, Prepend, Replace, Strip); pre-tokenizers
