@@ -124,17 +124,28 @@ func TestSplicedRenderMatchesFull(t *testing.T) {
 	}
 	toolTmpl, _ := tk.chat.pick(true)
 	rng := rand.New(rand.NewSource(15))
-	spliced, total := 0, 2000
+	total := 2000
 	if testing.Short() {
 		total = 300
 	}
-	for i := 0; i < total; i++ {
+	checkSplicedMatchesFull(t, tk, total, total/4, func() ([]byte, *chatTemplate) {
 		body := randomSpliceBody(rng)
-		tm := tmpl
 		if strings.Contains(string(body), `"tools"`) {
-			tm = toolTmpl
+			return body, toolTmpl
 		}
-		full, got, s := fullAndRendered(t, tk, tm, body)
+		return body, tmpl
+	})
+}
+
+// checkSplicedMatchesFull renders total bodies from next (each with the template to render it
+// with) both ways, fails at the first difference, and fails when fewer than minSpliced were
+// spliced.
+func checkSplicedMatchesFull(t *testing.T, tk *Tokenizer, total, minSpliced int, next func() ([]byte, *chatTemplate)) {
+	t.Helper()
+	spliced := 0
+	for i := 0; i < total; i++ {
+		body, tmpl := next()
+		full, got, s := fullAndRendered(t, tk, tmpl, body)
 		if got != full {
 			t.Fatalf("body %s:\nrendered %q\nfull     %q", body, got, full)
 		}
@@ -142,7 +153,7 @@ func TestSplicedRenderMatchesFull(t *testing.T) {
 			spliced++
 		}
 	}
-	if spliced < total/4 {
+	if spliced < minSpliced {
 		t.Fatalf("only %d of %d conversations were spliced", spliced, total)
 	}
 }
@@ -314,8 +325,8 @@ func TestSplicedRenderMatchesFullPhi3(t *testing.T) {
 	}
 	rng := rand.New(rand.NewSource(3))
 	roles := []string{"system", "user", "assistant", "assistant", "tool", "developer"}
-	spliced, total := 0, 1000
-	for i := 0; i < total; i++ {
+	total := 1000
+	checkSplicedMatchesFull(t, tk, total, total/2, func() ([]byte, *chatTemplate) {
 		var msgs []map[string]any
 		for k := 0; k < 1+rng.Intn(5); k++ {
 			role := roles[rng.Intn(len(roles)-2)]
@@ -331,15 +342,6 @@ func TestSplicedRenderMatchesFullPhi3(t *testing.T) {
 		}
 		body := map[string]any{"messages": msgs, "add_generation_prompt": rng.Intn(2) == 0}
 		raw, _ := json.Marshal(body)
-		full, got, s := fullAndRendered(t, tk, tmpl, raw)
-		if got != full {
-			t.Fatalf("body %s:\nrendered %q\nfull     %q", raw, got, full)
-		}
-		if s {
-			spliced++
-		}
-	}
-	if spliced < total/2 {
-		t.Fatalf("only %d of %d conversations were spliced", spliced, total)
-	}
+		return raw, tmpl
+	})
 }
