@@ -235,6 +235,7 @@ models:
 			"worker_selection.instances[0].parameters.sticky_weight (line 5) is .nan: numbers must be finite"},
 		{"an infinite policy-class value is named", "policy_classes: [{name: a, quantum: 1, prefill_busy_threshold_frac: -.Inf}]\n",
 			"policy_classes[0].prefill_busy_threshold_frac (line 1) is -.Inf: numbers must be finite"},
+		{"an unknown field is named even where a string field holds .nan", "worker_selection: {instances: [{name: .nan, type: t, bogus: 1}]}\n", `unknown field "bogus"`},
 		{"a default naming no instance is rejected", "worker_selection: {default: b, instances: [{name: a, type: t}]}\n", `worker_selection.default "b" does not name a configured instance (configured: a)`},
 	}
 	for _, tc := range errCases {

@@ -103,8 +103,13 @@ func ValidName(name string) bool { return nameRule.MatchString(name) }
 func ParseConfig(data []byte) (*Config, error) {
 	var c Config
 	if err := yaml.UnmarshalStrict(data, &c); err != nil {
-		if nf := nonFinite(data); nf != nil {
-			return nil, fmt.Errorf("policy config: %w", nf)
+		// Only the conversion's own refusal of a non-finite number is re-explained: another
+		// error (an unknown key, a wrong type) is the real one even when the document also
+		// holds a .nan somewhere it is legal (a string field takes it as text).
+		if strings.Contains(err.Error(), "unsupported value") {
+			if nf := nonFinite(data); nf != nil {
+				return nil, fmt.Errorf("policy config: %w", nf)
+			}
 		}
 		return nil, fmt.Errorf("policy config: %w", err)
 	}
