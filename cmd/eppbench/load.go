@@ -407,7 +407,11 @@ func writeLoadTable(out io.Writer, cells []*loadCell, targets []loadTarget) {
 		}
 		fl := row[len(row)-1]
 		for _, c := range row[:len(row)-1] {
-			f = append(f, ratio(c.PerSecond, fl.PerSecond), ratio(c.DecisionP50Ms, fl.DecisionP50Ms))
+			dr := "-" // a target without a successful exchange has no decision time to compare
+			if c.Exchanges > 0 && fl.Exchanges > 0 {
+				dr = ratio(c.DecisionP50Ms, fl.DecisionP50Ms)
+			}
+			f = append(f, ratio(c.PerSecond, fl.PerSecond), dr)
 		}
 		var srv, cli []string
 		for _, c := range row {

@@ -215,4 +215,8 @@ func TestLoadTableShowsNoLatencyWithoutExchanges(t *testing.T) {
 	if !strings.Contains(row, "| 0 (40 errors) | - | - | 50 | 0.400 / 1.500 | 2.000 / 7.000 |") {
 		t.Errorf("row %q: the failed target must show no latencies, the other its own", row)
 	}
+	// Nor a decision-time ratio: 0 ms against the floor's 0.4 ms would read as 0.00×.
+	if !strings.Contains(row, "| 0.00× | - |") {
+		t.Errorf("row %q: the failed target's decision p50 ratio must be -", row)
+	}
 }
