@@ -133,6 +133,10 @@ type skeleton struct {
 	pieces []string
 	slots  []int
 	size   int // bytes of the pieces
+	// unusable marks a shape whose stand-in render failed or did not hold each stand-in exactly
+	// once: that depends on the shape alone (no real content is in it), so it is remembered and
+	// the shape's requests render in full at once instead of rendering the stand-ins again.
+	unusable bool
 }
 
 // skeletonCache memoizes a template's skeletons by shape (spliceKey). Bounded by maxSkeletonBytes
@@ -142,6 +146,7 @@ type skeletonCache struct {
 	byKey  map[string]*skeleton
 	bytes  int
 	splice atomic.Uint64 // renders served by splicing (for tests and stats)
+	built  atomic.Uint64 // stand-in renders made (for tests)
 }
 
 // maxSkeletonBytes bounds one template's skeleton cache (keys and pieces).
@@ -223,10 +228,14 @@ func (t *Tokenizer) spliced(tmpl *chatTemplate, in *chatInput, conv, tools *jval
 	}
 	sk := tmpl.skeletons.get(key)
 	if sk == nil {
+		tmpl.skeletons.built.Add(1)
 		if sk = t.renderSkeleton(tmpl, in, conv, tools, agp); sk == nil {
-			return "", false
+			sk = &skeleton{unusable: true}
 		}
 		tmpl.skeletons.put(key, sk)
+	}
+	if sk.unusable {
+		return "", false
 	}
 	var b strings.Builder
 	b.Grow(total + sk.size)
