@@ -142,11 +142,10 @@ type skeleton struct {
 // skeletonCache memoizes a template's skeletons by shape (spliceKey). Bounded by maxSkeletonBytes
 // of keys and pieces (emptied when full); concurrency-safe.
 type skeletonCache struct {
-	mu     sync.Mutex
-	byKey  map[string]*skeleton
-	bytes  int
-	splice atomic.Uint64 // renders served by splicing (for tests and stats)
-	built  atomic.Uint64 // stand-in renders made (for tests)
+	mu    sync.Mutex
+	byKey map[string]*skeleton
+	bytes int
+	built atomic.Uint64 // stand-in renders made (for tests)
 }
 
 // maxSkeletonBytes bounds one template's skeleton cache (keys and pieces).
@@ -244,7 +243,6 @@ func (t *Tokenizer) spliced(tmpl *chatTemplate, in *chatInput, conv, tools *jval
 		b.WriteString(conv.arr[slot].get("content").s)
 	}
 	b.WriteString(sk.pieces[len(sk.slots)])
-	tmpl.skeletons.splice.Add(1)
 	return b.String(), true
 }
 
